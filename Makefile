@@ -1,0 +1,41 @@
+# Two commands do all set-up: `make demo` and `make test`. Both install what is missing first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := ocaml-nox ocaml-findlib bubblewrap
+
+.PHONY: install ocaml demo test lint bench
+
+install: ocaml $(VENV)/.installed
+
+# Re-runs only when requirements.txt changes, so a second `make install` takes seconds.
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+ocaml:
+	@if command -v ocamlc >/dev/null && command -v ocamlfind >/dev/null && command -v bwrap >/dev/null; then \
+		exit 0; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing $(APT_PACKAGES) with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	else \
+		echo "The OCaml toolchain is missing. Install it, then run make again:"; \
+		echo "  sudo apt-get update && sudo apt-get install -y $(APT_PACKAGES)"; \
+		exit 1; \
+	fi
+
+demo: install
+	$(PY) train.py --demo
+
+# pytest exits 5 when it collected no test; make treats that as the failure it is.
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: install
+	$(PY) bench/reward_throughput.py

@@ -1,0 +1,19 @@
+"""Shared test set-up. Nothing is skipped silently: without OCaml the whole run fails and says why."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    missing = [tool for tool in ("ocamlc", "ocamlfind") if shutil.which(tool) is None]
+    if missing:
+        pytest.exit(
+            f"OCaml toolchain missing ({', '.join(missing)} not on PATH): run `make install`",
+            returncode=1,
+        )
