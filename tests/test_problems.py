@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,8 +15,6 @@ DIFFICULTIES = {"easy", "medium", "hard"}
 SIGNATURE_RE = re.compile(r"^let (?:rec )?(?P<name>[a-z_][A-Za-z0-9_']*)(?: \([a-z_][\w']* : .+?\))+ : .+ =$")
 STUB_BODY = ' failwith "todo"'
 RUN_TIMEOUT_S = 10
-
-needs_ocamlc = pytest.mark.skipif(shutil.which("ocamlc") is None, reason="ocamlc not installed")
 
 
 def load_problems() -> list[dict[str, str]]:
@@ -37,12 +34,19 @@ def compile_and_run(prompt: str, body: str, tests: str, workdir: Path) -> tuple[
     source.write_text(prompt + body + "\n\n" + tests, encoding="utf-8")
     build = subprocess.run(
         ["ocamlc", "-o", "prog", "prog.ml"],
-        cwd=workdir, capture_output=True, text=True, timeout=60,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if build.returncode != 0:
         return False, -1, build.stdout + build.stderr
     run = subprocess.run(
-        [str(workdir / "prog")], cwd=workdir, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        [str(workdir / "prog")],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     return True, run.returncode, run.stdout + run.stderr
 
@@ -65,7 +69,6 @@ def test_problem_set_shape() -> None:
         assert signature["name"] in asserts[0], f"{p['id']}: the first assert does not call the function"
 
 
-@needs_ocamlc
 @pytest.mark.parametrize("problem", PROBLEMS, ids=[p["id"] for p in PROBLEMS])
 def test_reference_solution_passes(problem: dict[str, str], tmp_path: Path) -> None:
     prompt, solution, tests = problem["prompt"], problem["solution"], problem["tests"]
@@ -75,7 +78,6 @@ def test_reference_solution_passes(problem: dict[str, str], tmp_path: Path) -> N
     assert output == "", f"program printed output:\n{output}"
 
 
-@needs_ocamlc
 @pytest.mark.parametrize("problem", PROBLEMS, ids=[p["id"] for p in PROBLEMS])
 def test_stub_fails(problem: dict[str, str], tmp_path: Path) -> None:
     compiled, code, output = compile_and_run(problem["prompt"], STUB_BODY, problem["tests"], tmp_path)
