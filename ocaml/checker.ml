@@ -1,0 +1,209 @@
+(* A long-lived type checker and bytecode compiler built on compiler-libs: one process compiles every
+   completion of a worker, so no compiler start-up is paid per completion, and it keeps going past
+   errors, which lets it count independent errors (ocamlc stops at the first).
+
+   Request, one line on stdin: "DIR MODULE FUNCTION". DIR holds types.ml (the problem's definitions),
+   code.ml (the completion's solution) and tests.ml. Reply, one line of tab-separated fields:
+   syntax_errors, type_errors, definitions, definitions_ok, compiled (0/1), tests_total, error_sample.
+
+   The completion is typed one top-level definition at a time; a failing definition is left out and
+   errors that only say a left-out name is unbound are not counted again. When nothing failed, the unit
+   [types; module Solution (_ : sig end) = struct code end; harness] is compiled to DIR/MODULE.cmo.
+   The completion sits in a functor so that its top-level effects run only when the harness applies
+   it, and the harness, defined after it, is out of its reach. *)
+
+open Parsetree
+
+let message_of exn =
+  match Location.error_of_exn exn with
+  | Some (`Ok report) ->
+      let text = Format.asprintf "%t" report.Location.main.txt in
+      let line = report.Location.main.loc.Location.loc_start.Lexing.pos_lnum in
+      (line, text)
+  | _ -> (0, Printexc.to_string exn)
+
+let sample (line, text) = if line > 0 then Printf.sprintf "line %d: %s" line text else text
+
+let parse path =
+  let ic = open_in_bin path in
+  Fun.protect
+    ~finally:(fun () -> close_in ic)
+    (fun () ->
+      let lexbuf = Lexing.from_channel ic in
+      Location.init lexbuf path;
+      Parse.implementation lexbuf)
+
+let rec pattern_names acc p =
+  match p.ppat_desc with
+  | Ppat_var name -> name.txt :: acc
+  | Ppat_alias (p, name) -> pattern_names (name.txt :: acc) p
+  | Ppat_constraint (p, _) | Ppat_lazy p | Ppat_open (_, p) | Ppat_exception p -> pattern_names acc p
+  | Ppat_construct (_, Some (_, p)) | Ppat_variant (_, Some p) -> pattern_names acc p
+  | Ppat_tuple ps | Ppat_array ps -> List.fold_left pattern_names acc ps
+  | Ppat_record (fields, _) -> List.fold_left (fun acc (_, p) -> pattern_names acc p) acc fields
+  | Ppat_or (a, b) -> pattern_names (pattern_names acc a) b
+  | _ -> acc
+
+let constructor_names td =
+  match td.ptype_kind with
+  | Ptype_variant cds -> List.map (fun cd -> cd.pcd_name.txt) cds
+  | Ptype_record lds -> List.map (fun ld -> ld.pld_name.txt) lds
+  | _ -> []
+
+(* Every name an item binds, so that errors cascading from a left-out item can be recognised. *)
+let bound_names item =
+  match item.pstr_desc with
+  | Pstr_value (_, vbs) -> List.fold_left (fun acc vb -> pattern_names acc vb.pvb_pat) [] vbs
+  | Pstr_primitive vd -> [ vd.pval_name.txt ]
+  | Pstr_type (_, tds) -> List.concat_map (fun td -> td.ptype_name.txt :: constructor_names td) tds
+  | Pstr_exception te -> [ te.ptyexn_constructor.pext_name.txt ]
+  | Pstr_module { pmb_name = { txt = Some name; _ }; _ } -> [ name ]
+  | Pstr_recmodule mbs -> List.filter_map (fun mb -> mb.pmb_name.txt) mbs
+  | _ -> []
+
+let unbound_kinds = [ "Unbound value "; "Unbound constructor "; "Unbound type constructor "; "Unbound module " ]
+
+let cascades left_out text =
+  let first_line = List.hd (String.split_on_char '\n' text) in
+  List.exists
+    (fun prefix ->
+      let n = String.length prefix in
+      String.length first_line > n
+      && String.sub first_line 0 n = prefix
+      &&
+      let name = String.sub first_line n (String.length first_line - n) in
+      let last = List.hd (List.rev (String.split_on_char '.' name)) in
+      List.mem last left_out)
+    unbound_kinds
+
+(* Types the items one at a time; returns (errors, definitions that typed, first error). *)
+let count_type_errors env items =
+  let rec loop env items left_out errors ok first =
+    match items with
+    | [] -> (errors, ok, first)
+    | item :: rest -> (
+        let snapshot = Btype.snapshot () in
+        match Typemod.type_structure env [ item ] with
+        | _, _, _, env' ->
+            Typecore.force_delayed_checks ();
+            loop env' rest left_out errors (ok + 1) first
+        | exception exn ->
+            Btype.backtrack snapshot;
+            Typecore.reset_delayed_checks ();
+            let line, text = message_of exn in
+            let left_out' = bound_names item @ left_out in
+            if cascades left_out text then loop env rest left_out' errors ok first
+            else
+              let first = if first = None then Some (line, text) else first in
+              loop env rest left_out' (errors + 1) ok first)
+  in
+  loop env items [] 0 0 None
+
+let lid text = Location.mknoloc (Parse.longident (Lexing.from_string text))
+
+(* Each assertion of the tests becomes [Tally.check tally_token i (fun () -> assertion)]. *)
+let instrument_tests tests =
+  let count = ref 0 in
+  let open Ast_helper in
+  let rec rewrite e =
+    match e.pexp_desc with
+    | Pexp_sequence (a, b) ->
+        let a = rewrite a in
+        { e with pexp_desc = Pexp_sequence (a, rewrite b) }
+    | Pexp_let (flag, vbs, body) -> { e with pexp_desc = Pexp_let (flag, vbs, rewrite body) }
+    | Pexp_assert _ ->
+        incr count;
+        let thunk = Exp.fun_ Asttypes.Nolabel None (Pat.construct (lid "()") None) e in
+        Exp.apply
+          (Exp.ident (lid "Tally.check"))
+          [
+            (Asttypes.Nolabel, Exp.ident (lid "tally_token"));
+            (Asttypes.Nolabel, Exp.constant (Const.int !count));
+            (Asttypes.Nolabel, thunk);
+          ]
+    | _ -> e
+  in
+  let item i =
+    match i.pstr_desc with
+    | Pstr_value (flag, vbs) ->
+        { i with pstr_desc = Pstr_value (flag, List.map (fun vb -> { vb with pvb_expr = rewrite vb.pvb_expr }) vbs) }
+    | Pstr_eval (e, attrs) -> { i with pstr_desc = Pstr_eval (rewrite e, attrs) }
+    | _ -> i
+  in
+  let items = List.map item tests in
+  (items, !count)
+
+let harness fname =
+  Parse.implementation
+    (Lexing.from_string
+       (Printf.sprintf
+          "let tally_token = Tally.take ()\nmodule Solution_instance = Solution (struct end)\nlet %s = Solution_instance.%s\n"
+          fname fname))
+
+let solution_functor code =
+  let open Ast_helper in
+  Str.module_
+    (Mb.mk (Location.mknoloc (Some "Solution"))
+       (Mod.functor_ (Named (Location.mknoloc None, Mty.signature [])) (Mod.structure code)))
+
+(* Compile_common.with_info would also reset the load path, and with it the cache of loaded interfaces:
+   reading stdlib.cmi again would cost more than the whole compilation. *)
+let compile_unit dir modname ast =
+  let output_prefix = Filename.concat dir (String.uncapitalize_ascii modname) in
+  Env.set_unit_name modname;
+  let info =
+    {
+      Compile_common.source_file = output_prefix ^ ".ml";
+      module_name = modname;
+      output_prefix;
+      env = Compmisc.initial_env ();
+      ppf_dump = Format.err_formatter;
+      tool_name = "ocamlc";
+      native = false;
+    }
+  in
+  let typed = Compile_common.typecheck_impl info ast in
+  Compile.emit_bytecode info (Compile.to_bytecode info typed)
+
+let clean text = String.map (fun c -> if c = '\t' || c = '\n' || c = '\r' then ' ' else c) text
+
+let reply fields =
+  print_string (String.concat "\t" fields ^ "\n");
+  flush stdout
+
+let check dir modname fname =
+  let path name = Filename.concat dir name in
+  Env.set_unit_name modname;
+  let env = Compmisc.initial_env () in
+  let types = parse (path "types.ml") in
+  let _, _, _, env = Typemod.type_structure env types in
+  match parse (path "code.ml") with
+  | exception exn -> reply [ "1"; "0"; "0"; "0"; "0"; "0"; clean (sample (message_of exn)) ]
+  | code -> (
+      let errors, ok, first = count_type_errors env code in
+      let definitions = string_of_int (List.length code) in
+      let tests, total = instrument_tests (parse (path "tests.ml")) in
+      match first with
+      | Some error ->
+          reply [ "0"; string_of_int errors; definitions; string_of_int ok; "0"; string_of_int total; clean (sample error) ]
+      | None -> (
+          let ok = string_of_int ok in
+          match compile_unit dir modname (types @ [ solution_functor code ] @ harness fname @ tests) with
+          | () -> reply [ "0"; "0"; definitions; ok; "1"; string_of_int total; "" ]
+          | exception exn -> reply [ "0"; "0"; definitions; ok; "0"; string_of_int total; clean (sample (message_of exn)) ]))
+
+let () =
+  ignore (Warnings.parse_options false "-a");
+  (match Sys.argv with
+  | [| _; include_dir |] -> Clflags.include_dirs := [ include_dir ]
+  | _ -> ());
+  Compmisc.init_path ();
+  try
+    while true do
+      match String.split_on_char ' ' (input_line stdin) with
+      | [ dir; modname; fname ] -> (
+          try check dir modname fname
+          with exn -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; clean ("checker: " ^ snd (message_of exn)) ])
+      | _ -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; "checker: bad request" ]
+    done
+  with End_of_file -> ()
