@@ -1,0 +1,422 @@
+"""Running untrusted OCaml: a pool of long-lived sandboxed workers that type-check, compile and test.
+
+Each worker owns two processes, started once and reused for every completion it scores:
+- a checker (ocaml/checker.ml, built on compiler-libs) that parses, types and compiles a completion
+  to bytecode in-process, counting independent type errors;
+- a runner (ocaml/runner.ml) that forks one child per completion, loads the compiled test harness
+  with Dynlink, and reports the tally of passed assertions, killing the child's process group at the
+  deadline.
+With bubblewrap both run in a sandbox: system folders read-only, only the worker's temp dir mounted
+(writable for the checker, read-only for the runner), no network, no home, a new PID namespace, dying
+with the parent. The runner runs as an unprivileged uid of its own under resource limits (CPU seconds,
+address space, processes, file size, open files) that every child inherits. Without bubblewrap the same
+processes run under the limits only.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import resource
+import secrets
+import select
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+APT_INSTALL = "sudo apt-get install -y ocaml-nox ocaml-findlib bubblewrap"
+OCAML_SOURCES = Path(__file__).resolve().parent / "ocaml"
+SANDBOX_MODES = ("auto", "bwrap", "rlimit")
+# Worker i's test programs run as uid RUNNER_UID_BASE + i (when we are root): a uid of their own, so
+# that RLIMIT_NPROC counts only their processes and a fork bomb in one worker cannot starve another.
+RUNNER_UID_BASE = 62000
+MAX_REPLY_BYTES = 1 << 20
+
+
+class ToolchainMissing(RuntimeError):
+    """ocamlc or ocamlfind is not on PATH; the message names the packages to install."""
+
+
+def check_toolchain() -> None:
+    missing = [tool for tool in ("ocamlc", "ocamlfind") if shutil.which(tool) is None]
+    if missing:
+        raise ToolchainMissing(
+            f"OCaml toolchain missing ({', '.join(missing)} not on PATH). Install it with:\n  {APT_INSTALL}"
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    compile_timeout: float = 10.0
+    run_timeout: float = 5.0
+    memory_mb: int = 1024
+
+
+@dataclass(frozen=True)
+class Job:
+    """One program to check: the problem's definitions, the solution code, the tests, the function."""
+
+    types: str
+    code: str
+    tests: str
+    function: str
+
+    @functools.cached_property
+    def key(self) -> str:
+        parts = (self.types, self.code, self.tests, self.function)
+        return hashlib.sha256("\0".join(parts).encode("utf-8", "replace")).hexdigest()[:32]
+
+
+@dataclass
+class Outcome:
+    """What the toolchain said about one program. `verdicts` maps assertion index to pass/fail/exn."""
+
+    syntax_errors: int = 0
+    type_errors: int = 0
+    definitions: int = 0
+    definitions_ok: int = 0
+    compiled: bool = False
+    tests_total: int = 0
+    verdicts: dict[int, str] = field(default_factory=dict)
+    ended: str = ""  # how the test program ended: "exit 0", "signal 9", "timeout", ...
+    error_sample: str = ""
+
+    @property
+    def tests_passed(self) -> int:
+        return sum(v == "pass" for v in self.verdicts.values())
+
+
+# --- building the OCaml side --------------------------------------------------------------------------
+
+
+@functools.cache
+def build_tools() -> Path:
+    """Compile checker and runner once per process into a temp dir (about a quarter of a second)."""
+    check_toolchain()
+    out = Path(tempfile.mkdtemp(prefix="ocaml-reward-tools-"))
+    for name in ("tally.ml", "runner.ml", "checker.ml"):
+        shutil.copy(OCAML_SOURCES / name, out / name)
+    native = shutil.which("ocamlopt") is not None
+    checker = ["ocamlopt" if native else "ocamlc", "-package", "compiler-libs.bytecomp", "-linkpkg"]
+    commands = [
+        ["ocamlfind", *checker, "checker.ml", "-o", "checker"],
+        ["ocamlfind", "ocamlc", "-package", "unix,dynlink", "-linkpkg", "-linkall"]
+        + ["tally.ml", "runner.ml", "-o", "runner.byte"],
+    ]
+    for command in commands:
+        done = subprocess.run(command, cwd=out, capture_output=True, text=True, errors="replace")
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"building the reward's OCaml tools failed: {' '.join(command)}\n{done.stderr}"
+            )
+    # The checker needs tally.cmi on its load path, and nothing else of ours.
+    (out / "include").mkdir()
+    shutil.copy(out / "tally.cmi", out / "include" / "tally.cmi")
+    os.chmod(out, 0o755)
+    return out
+
+
+# --- sandbox ----------------------------------------------------------------------------------------
+
+
+def bwrap_args(workdir: Path, tools: Path) -> list[str]:
+    args = ["bwrap", "--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--dev", "/dev"]
+    # bwrap would create the folders above our mounts 0700, out of the runner uid's reach.
+    for parent in sorted({str(p) for path in (workdir, tools) for p in path.parents if str(p) != "/"}):
+        args += ["--perms", "0755", "--dir", parent]
+    args += [
+        "--ro-bind",
+        str(tools),
+        str(tools),
+        "--bind",
+        str(workdir),
+        str(workdir),
+        "--chdir",
+        str(workdir),
+    ]
+    # No user namespace: as root we want the runner's uid to be a real unprivileged uid on the host.
+    args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    return [*args, "--die-with-parent", "--new-session", "--"]
+
+
+_mode_lock = threading.Lock()
+
+
+@functools.cache
+def _bwrap_works() -> str | None:
+    """None when bubblewrap can start a sandbox here, else why not."""
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed"
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = bwrap_args(Path(tmp), Path(tmp)) + ["/bin/true"]
+        try:
+            done = subprocess.run(probe, capture_output=True, text=True, errors="replace", timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+        return None if done.returncode == 0 else done.stderr.strip()[:300] or f"exit {done.returncode}"
+
+
+def sandbox_mode(requested: str) -> str:
+    """The mode to use: bwrap where it runs, else rlimit with one warning. A forced bwrap must run."""
+    if requested not in SANDBOX_MODES:
+        raise ValueError(f"OCAML_SANDBOX={requested!r}: expected one of {', '.join(SANDBOX_MODES)}")
+    if requested == "rlimit":
+        return "rlimit"
+    with _mode_lock:
+        problem = _bwrap_works()
+    if problem is None:
+        return "bwrap"
+    if requested == "bwrap":
+        raise RuntimeError(f"OCAML_SANDBOX=bwrap but bubblewrap cannot start a sandbox here: {problem}")
+    _warn_no_bwrap(problem)
+    return "rlimit"
+
+
+@functools.cache
+def _warn_no_bwrap(problem: str) -> None:
+    log.warning(
+        "bubblewrap cannot start a sandbox here (%s): running OCaml under resource limits only, without "
+        "file-system and network isolation. Install bubblewrap with user namespaces enabled, or set "
+        "OCAML_SANDBOX=rlimit to silence this warning.",
+        problem,
+    )
+
+
+def _limit_child(limits: Limits, uid: int | None):
+    """preexec_fn for the runner: resource limits (inherited by each test program), then our own uid."""
+    cpu = max(1, int(limits.run_timeout) + 1)
+    memory = limits.memory_mb << 20
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        if uid is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (32, 32))
+
+    return apply
+
+
+class _Process:
+    """A long-lived helper speaking one request line, reply lines, over pipes."""
+
+    def __init__(self, argv: list[str], cwd: Path, preexec_fn=None) -> None:
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OCAMLRUNPARAM": "l=256k"}
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=preexec_fn,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        self.buffer = b""
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def read_line(self, deadline: float) -> str | None:
+        """The next reply line, or None when the process died or the deadline passed."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk or len(self.buffer) > MAX_REPLY_BYTES:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode("utf-8", errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 9)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+class _Worker:
+    """One checker and one runner, each started once; handles one job at a time."""
+
+    def __init__(self, index: int, root: Path, mode: str, limits: Limits) -> None:
+        self.dir = root / f"worker{index}"
+        self.dir.mkdir(mode=0o755)
+        self.mode = mode
+        self.limits = limits
+        self.tools = build_tools()
+        self.uid = RUNNER_UID_BASE + index if os.geteuid() == 0 else None
+        self.checker: _Process | None = None
+        self.runner: _Process | None = None
+
+    def _sandboxed(self, argv: list[str]) -> list[str]:
+        return bwrap_args(self.dir, self.tools) + argv if self.mode == "bwrap" else argv
+
+    def _start_checker(self) -> _Process:
+        argv = [str(self.tools / "checker"), str(self.tools / "include")]
+        memory = 2 * (self.limits.memory_mb << 20)
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+        return _Process(self._sandboxed(argv), self.dir, preexec_fn=limit)
+
+    def _start_runner(self) -> _Process:
+        argv = [str(self.tools / "runner.byte")]
+        if self.mode == "bwrap":
+            # Inside its own PID namespace the runner may kill every process of its uid after each job.
+            argv.append("--sweep")
+        if self.uid is not None:
+            drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
+            argv = drop + argv
+        return _Process(self._sandboxed(argv), self.dir, preexec_fn=_limit_child(self.limits, self.uid))
+
+    def evaluate(self, job: Job) -> Outcome:
+        unit = self.dir / job.key
+        unit.mkdir(mode=0o755, exist_ok=True)
+        try:
+            for name, text in (("types.ml", job.types), ("code.ml", job.code), ("tests.ml", job.tests)):
+                (unit / name).write_text(text, encoding="utf-8", errors="replace")
+            outcome = self._check(unit, job)
+            if outcome.compiled:
+                self._run(unit / f"u{job.key}.cmo", outcome)
+            return outcome
+        finally:
+            shutil.rmtree(unit, ignore_errors=True)
+
+    def _check(self, unit: Path, job: Job) -> Outcome:
+        if self.checker is None or self.checker.proc.poll() is not None:
+            self.checker = self._start_checker()
+        self.checker.send(f"{unit} U{job.key} {job.function}")
+        reply = self.checker.read_line(time.monotonic() + self.limits.compile_timeout)
+        if reply is None:
+            # A runaway type-checker (or a crash): restart it and report the completion as not compiling.
+            self.checker.stop()
+            self.checker = None
+            return Outcome(ended="compile timeout", error_sample="the compiler timed out or crashed")
+        fields = reply.split("\t", 6)
+        numbers = [int(x) for x in fields[:6]]
+        return Outcome(
+            syntax_errors=numbers[0],
+            type_errors=numbers[1],
+            definitions=numbers[2],
+            definitions_ok=numbers[3],
+            compiled=numbers[4] == 1,
+            tests_total=numbers[5],
+            error_sample=fields[6][:300] if len(fields) > 6 else "",
+        )
+
+    def _run(self, cmo: Path, outcome: Outcome) -> None:
+        """Fills outcome.verdicts from the lines that carry this run's nonce, each index counted once."""
+        if self.runner is None or self.runner.proc.poll() is not None:
+            self.runner = self._start_runner()
+        nonce = secrets.token_hex(16)
+        timeout_ms = int(self.limits.run_timeout * 1000)
+        self.runner.send(f"{cmo} {nonce} {timeout_ms}")
+        deadline = time.monotonic() + self.limits.run_timeout + 5.0
+        while (line := self.runner.read_line(deadline)) is not None:
+            if line.startswith("E "):
+                outcome.ended = line[2:]
+                break
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[0] == "R" and parts[1] == nonce:
+                index, verdict = parts[2], (parts[3] if len(parts) > 3 else "")
+                if index.isdigit() and 1 <= int(index) <= outcome.tests_total:
+                    outcome.verdicts.setdefault(int(index), verdict)
+            elif line.startswith("R ! ") and not outcome.error_sample:
+                outcome.error_sample = line[4:300]
+        else:
+            self.runner.stop()
+            self.runner = None
+            outcome.ended = "runner failed"
+        first_exn = next((v for v in outcome.verdicts.values() if v.startswith("exn")), None)
+        if first_exn and not outcome.error_sample:
+            outcome.error_sample = "exception: " + first_exn[4:]
+
+    def stop(self) -> None:
+        for process in (self.checker, self.runner):
+            if process is not None:
+                process.stop()
+
+
+class SandboxPool:
+    """Workers that score jobs concurrently; results are cached by content hash."""
+
+    def __init__(
+        self, workers: int = 0, mode: str = "auto", limits: Limits | None = None, cache_size: int = 4096
+    ):
+        check_toolchain()
+        self.mode = sandbox_mode(mode)
+        self.limits = limits or Limits()
+        count = workers or os.cpu_count() or 1
+        self.root = Path(tempfile.mkdtemp(prefix="ocaml-reward-"))
+        os.chmod(self.root, 0o755)
+        self.idle: list[_Worker] = [_Worker(i, self.root, self.mode, self.limits) for i in range(count)]
+        self.all_workers = list(self.idle)
+        self.idle_lock = threading.Lock()
+        self.executor = ThreadPoolExecutor(max_workers=count, thread_name_prefix="ocaml-worker")
+        self.cache: OrderedDict[str, Future[Outcome]] = OrderedDict()
+        self.cache_size = cache_size
+        self.cache_lock = threading.Lock()
+
+    def submit(self, job: Job) -> Future[Outcome]:
+        """A future outcome; identical jobs share one evaluation (GRPO groups repeat completions)."""
+        with self.cache_lock:
+            future = self.cache.get(job.key)
+            if future is not None:
+                self.cache.move_to_end(job.key)
+                return future
+            future = self.executor.submit(self._evaluate, job)
+            self.cache[job.key] = future
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+            return future
+
+    def evaluate_many(self, jobs: list[Job]) -> list[Outcome]:
+        futures = [self.submit(job) for job in jobs]
+        return [f.result() for f in futures]
+
+    def _evaluate(self, job: Job) -> Outcome:
+        with self.idle_lock:
+            worker = self.idle.pop()
+        try:
+            return worker.evaluate(job)
+        except Exception as exc:  # a bug here must cost one completion its score, not the training run
+            log.exception("scoring a completion failed")
+            return Outcome(ended=f"internal error: {exc}", error_sample=f"internal error: {exc}"[:300])
+        finally:
+            with self.idle_lock:
+                self.idle.append(worker)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+        for worker in self.all_workers:
+            worker.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

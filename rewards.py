@@ -1,0 +1,616 @@
+"""The syntax-aware reward: how far a completion gets through the real OCaml toolchain.
+
+    structural 0.05  the completion ends with (* END *)
+    type-check 0.20  graded by the number of independent errors; a syntax error earns nothing
+    compile    0.10  the program with its test harness builds; partial credit when it does not
+    tests      0.65  x assertions passed / assertions, only when it compiled
+
+A completion with fewer than MIN_NON_EMPTY_LINES code lines earns 0; one that hit the length limit
+without the END marker is multiplied by RUNAWAY_PENALTY_MULTIPLIER. With REWARD_CURRICULUM=1 the weights
+follow three phases by epoch. The toolchain work runs in ocaml_sandbox's worker pool, so the TRL-facing
+callable is async and a batch is scored concurrently.
+
+    python rewards.py score PROBLEMS COMPLETIONS    # one JSON object per completion (no torch needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import re
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import config
+from config import ConfigError, setting
+from ocaml_sandbox import Job, Limits, Outcome, SandboxPool
+
+END_MARKER = "(* END *)"
+STAGES = (
+    "gated",
+    "syntax_error",
+    "type_error",
+    "compile_error",
+    "timeout",
+    "runtime_error",
+    "tests_failed",
+    "passed",
+)
+PREVIEW_CHARS = 200
+
+
+def _check_boundaries(text: str) -> str | None:
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        return "expected comma-separated epochs, e.g. 0.5,1.0"
+    if values != sorted(values) or any(v < 0 for v in values):
+        return "expected increasing, non-negative epochs, e.g. 0.5,1.0"
+    return None
+
+
+def _parse_phases(text: str) -> list[tuple[float, float, float, float]]:
+    phases = []
+    for phase in text.split(";"):
+        values = tuple(float(x) for x in phase.split(","))
+        if len(values) != 4 or any(v < 0 for v in values) or abs(sum(values) - 1.0) > 1e-6:
+            raise ValueError(phase)
+        phases.append(values)
+    return phases
+
+
+def _check_phases(text: str) -> str | None:
+    try:
+        _parse_phases(text)
+    except ValueError as exc:
+        return (
+            f"phase {exc!s:.40} must be 4 non-negative weights that sum to 1 (structural,type,compile,tests)"
+        )
+    return None
+
+
+@dataclass
+class RewardConfig:
+    min_non_empty_lines: int = setting(
+        8, "MIN_NON_EMPTY_LINES", "fewer non-empty, non-comment code lines than this earn reward 0", low=0
+    )
+    runaway_penalty_multiplier: float = setting(
+        0.3,
+        "RUNAWAY_PENALTY_MULTIPLIER",
+        "reward multiplier for a completion that hit the length limit without the END marker",
+        low=0,
+        high=1,
+    )
+    reward_weight_structural: float = setting(
+        0.05, "REWARD_WEIGHT_STRUCTURAL", "weight: ends with END", low=0
+    )
+    reward_weight_type_check: float = setting(0.20, "REWARD_WEIGHT_TYPE_CHECK", "weight: type-checks", low=0)
+    reward_weight_compile: float = setting(
+        0.10, "REWARD_WEIGHT_COMPILE", "weight: compiles with tests", low=0
+    )
+    reward_weight_tests: float = setting(0.65, "REWARD_WEIGHT_TESTS", "weight: share of tests passed", low=0)
+    reward_curriculum: bool = setting(
+        False, "REWARD_CURRICULUM", "weights follow the curriculum phases by epoch instead of the four above"
+    )
+    reward_curriculum_boundaries: str = setting(
+        "0.5,1.0",
+        "REWARD_CURRICULUM_BOUNDARIES",
+        "epochs where the next phase starts",
+        check=_check_boundaries,
+    )
+    reward_curriculum_weights: str = setting(
+        "0.10,0.40,0.30,0.20;0.05,0.25,0.20,0.50;0.05,0.20,0.10,0.65",
+        "REWARD_CURRICULUM_WEIGHTS",
+        "per phase, ';'-separated: structural,type_check,compile,tests weights",
+        check=_check_phases,
+    )
+    ocaml_sandbox: str = setting(
+        "auto",
+        "OCAML_SANDBOX",
+        "bwrap: bubblewrap sandbox; rlimit: limits only; auto: bwrap if it runs",
+        choices=("auto", "bwrap", "rlimit"),
+    )
+    reward_workers: int = setting(0, "REWARD_WORKERS", "sandboxed OCaml workers (0: one per CPU core)", low=0)
+    ocaml_compile_timeout: float = setting(
+        10.0,
+        "OCAML_COMPILE_TIMEOUT",
+        "seconds to type-check and compile one completion",
+        low=0,
+        strict_low=True,
+    )
+    ocaml_run_timeout: float = setting(
+        5.0, "OCAML_RUN_TIMEOUT", "seconds for one completion's tests to run", low=0, strict_low=True
+    )
+    ocaml_memory_mb: int = setting(
+        1024, "OCAML_MEMORY_MB", "address-space limit of a test program (MiB)", low=64
+    )
+
+    def __post_init__(self) -> None:
+        total = self.stage_weights()
+        if abs(sum(total) - 1.0) > 1e-6:
+            raise ConfigError(
+                f"REWARD_WEIGHT_STRUCTURAL/_TYPE_CHECK/_COMPILE/_TESTS must sum to 1, got {sum(total):g}"
+            )
+        boundaries = self.boundaries()
+        if len(_parse_phases(self.reward_curriculum_weights)) != len(boundaries) + 1:
+            raise ConfigError(
+                f"REWARD_CURRICULUM_WEIGHTS needs {len(boundaries) + 1} phases for "
+                f"REWARD_CURRICULUM_BOUNDARIES={self.reward_curriculum_boundaries!r}"
+            )
+
+    def stage_weights(self) -> tuple[float, float, float, float]:
+        return (
+            self.reward_weight_structural,
+            self.reward_weight_type_check,
+            self.reward_weight_compile,
+            self.reward_weight_tests,
+        )
+
+    def boundaries(self) -> list[float]:
+        return [float(x) for x in self.reward_curriculum_boundaries.split(",")]
+
+    def weights_at(self, epoch: float) -> tuple[float, float, float, float]:
+        """(structural, type_check, compile, tests) weights for this epoch."""
+        if not self.reward_curriculum:
+            return self.stage_weights()
+        phase = sum(epoch >= b for b in self.boundaries())
+        return _parse_phases(self.reward_curriculum_weights)[phase]
+
+    def limits(self) -> Limits:
+        return Limits(self.ocaml_compile_timeout, self.ocaml_run_timeout, self.ocaml_memory_mb)
+
+
+# --- from problem and completion to a program ------------------------------------------------------
+
+IDENT = r"[a-z_][A-Za-z0-9_']*"
+SIGNATURE = re.compile(rf"^let\s+(rec\s+)?({IDENT})\b.*", re.M | re.S)
+TYPE_NAME = re.compile(rf"^(?:type|and)\s+(?:nonrec\s+)?(?:'\w+\s+|\([^)]*\)\s+)?({IDENT})", re.M)
+FENCE_OPEN = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n")
+FENCE_CLOSE = re.compile(r"^[ \t]*```", re.M)
+TOP_LEVEL = re.compile(r"^(?:let|type|module|exception|open|include|external|class|\(\*)\b", re.M)
+PROSE = re.compile(r"^[A-Z][\w'’]*(?:[ \t]+[\w'’,()`-]+)+[ \t]*[:.!]?[ \t]*$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    types: str  # everything before the signature: doc comment, type definitions
+    signature: str  # `let [rec] f (x : t) ... : r =`
+    function: str
+    type_names: frozenset[str]
+
+
+def parse_problem(text: str) -> Problem:
+    """Split a problem prompt at its final top-level `let`; ValueError when it has none."""
+    match = None
+    for match in re.finditer(rf"^let\s+(rec\s+)?({IDENT})\b", text, re.M):
+        pass
+    if match is None:
+        raise ValueError("the problem has no signature line `let f ... =`")
+    types = text[: match.start()]
+    return Problem(types, text[match.start() :].strip(), match.group(2), frozenset(TYPE_NAME.findall(types)))
+
+
+def completion_text(completion: Any) -> str:
+    """Plain text of a plain or conversational completion."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+    if isinstance(completion, dict):
+        return str(completion.get("content") or "")
+    return "" if completion is None else str(completion)
+
+
+def ends_with_marker(text: str) -> bool:
+    """The structural check: END is the last thing, a closing fence and white space aside."""
+    tail = text.rstrip()
+    if tail.endswith("```"):
+        tail = tail[:-3].rstrip()
+    return tail.endswith(END_MARKER)
+
+
+def extract_code(text: str) -> str:
+    """The code of a completion: the first fenced block (or the text after prose), cut at END."""
+    fence = FENCE_OPEN.search(text)
+    if fence:
+        code = text[fence.end() :]
+        close = FENCE_CLOSE.search(code)
+        code = code[: close.start()] if close else code
+    else:
+        lines = text.split("\n")
+        while lines and (not lines[0].strip() or PROSE.match(lines[0].strip())):
+            lines.pop(0)
+        code = "\n".join(lines)
+    return code.split(END_MARKER, 1)[0].rstrip()
+
+
+def _drop_repeated_types(code: str, type_names: frozenset[str]) -> str:
+    """Remove top-level type definitions that only restate the problem's (the problem's are kept)."""
+    starts = [m.start() for m in TOP_LEVEL.finditer(code)]
+    if not starts:
+        return code
+    kept = [code[: starts[0]]]
+    for start, end in zip(starts, [*starts[1:], len(code)], strict=True):
+        chunk = code[start:end]
+        names = set(TYPE_NAME.findall(chunk))
+        if not (chunk.startswith("type") and names and names <= type_names):
+            kept.append(chunk)
+    return "".join(kept)
+
+
+def assemble_solution(problem: Problem, completion_code: str) -> str:
+    """The solution with the signature exactly once: body-only completions get the problem's signature,
+    full definitions keep their own. `let rec` either way, so recursive bodies work whichever the prompt
+    said."""
+    code = _drop_repeated_types(completion_code, problem.type_names)
+    name = re.escape(problem.function)
+    first = next((line for line in code.split("\n") if line.strip()), "")
+    own = re.search(rf"^let\s+(rec\s+)?{name}\b", code, re.M) or re.match(
+        rf"\s*let\s+(rec\s+)?{name}\b", first
+    )
+    if own:
+        # A definition with parameters may always be `let rec`; `let rec f = g` would not compile.
+        return re.sub(
+            rf"^([ \t]*)let\s+(?!rec\b)({name}\b)(?!\s*=)", r"\1let rec \2", code, count=1, flags=re.M
+        )
+    signature = re.sub(r"^let\s+(?!rec\b)", "let rec ", problem.signature, count=1)
+    return f"{signature}\n{code}"
+
+
+def strip_comments(code: str) -> str:
+    """OCaml source without its (nested) comments; string literals are kept intact."""
+    out: list[str] = []
+    depth = 0
+    i = 0
+    in_string = False
+    while i < len(code):
+        c = code[i]
+        if in_string:
+            out.append(c)
+            if c == "\\":
+                out.append(code[i + 1 : i + 2])
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif code.startswith("(*", i):
+            depth += 1
+            i += 1
+        elif depth and code.startswith("*)", i):
+            depth -= 1
+            i += 1
+        elif depth:
+            if c == "\n":
+                out.append(c)
+        elif c == '"':
+            in_string = True
+            out.append(c)
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def code_lines(solution: str) -> int:
+    """Non-empty lines once comments are removed: the line gate's measure."""
+    return sum(1 for line in strip_comments(solution).split("\n") if line.strip())
+
+
+# --- grading ------------------------------------------------------------------------------------------
+
+
+def stage_of(outcome: Outcome) -> str:
+    if outcome.ended.startswith(("compile timeout", "internal error")):
+        return "timeout" if outcome.ended == "compile timeout" else "compile_error"
+    if outcome.syntax_errors:
+        return "syntax_error"
+    if outcome.type_errors:
+        return "type_error"
+    if not outcome.compiled:
+        return "compile_error"
+    if outcome.ended == "timeout":
+        return "timeout"
+    if outcome.tests_total and outcome.tests_passed == outcome.tests_total:
+        return "passed"
+    raised = any(v.startswith("exn") for v in outcome.verdicts.values())
+    if raised or len(outcome.verdicts) < outcome.tests_total:
+        return "runtime_error"
+    return "tests_failed"
+
+
+def reason_of(stage: str, outcome: Outcome) -> str:
+    passed = f"{outcome.tests_passed} of {outcome.tests_total} tests passed"
+    return {
+        "syntax_error": "syntax error",
+        "type_error": f"{outcome.type_errors} type error{'s' if outcome.type_errors > 1 else ''}",
+        "compile_error": "the solution does not compile with the tests",
+        "timeout": "compiler timed out" if not outcome.compiled else f"tests timed out; {passed}",
+        "runtime_error": f"{passed}; the program raised or stopped early ({outcome.ended})",
+        "tests_failed": passed,
+        "passed": passed,
+    }[stage]
+
+
+def grade(outcome: Outcome, weights: tuple[float, float, float, float], structural_ok: bool) -> dict:
+    """Stage scores from the toolchain's outcome (see the README for the formula)."""
+    w_structural, w_type, w_compile, w_tests = weights
+    stage = stage_of(outcome)
+    type_check = compile_score = tests = 0.0
+    if outcome.type_errors:
+        type_check = w_type * 0.5 / outcome.type_errors
+        compile_score = w_compile * 0.5 * outcome.definitions_ok / max(outcome.definitions, 1)
+    elif outcome.compiled:
+        type_check, compile_score = w_type, w_compile
+        tests = w_tests * outcome.tests_passed / outcome.tests_total if outcome.tests_total else 0.0
+    elif stage == "compile_error" and outcome.definitions:
+        # The solution types on its own but not with the tests (wrong signature, missing function).
+        type_check, compile_score = w_type, w_compile * 0.5
+    # else: a syntax error, a compiler timeout or crash earn nothing here.
+    return {
+        "structural": w_structural if structural_ok else 0.0,
+        "type_check": type_check,
+        "compile": compile_score,
+        "tests": tests,
+        "tests_passed": outcome.tests_passed,
+        "tests_total": outcome.tests_total,
+        "syntax_errors": outcome.syntax_errors,
+        "type_errors": outcome.type_errors,
+        "stage": stage,
+        "reason": reason_of(stage, outcome),
+        "error_sample": outcome.error_sample,
+    }
+
+
+@dataclass
+class Prepared:
+    """A completion made ready for the toolchain, or the breakdown that says why it is not scored."""
+
+    text: str
+    structural_ok: bool
+    truncated: bool
+    job: Job | None
+    early: dict | None  # a final breakdown when no compilation is needed
+
+
+def prepare(
+    problem: str | None, tests: str | None, completion: Any, truncated: bool, cfg: RewardConfig
+) -> Prepared:
+    text = completion_text(completion)
+    structural_ok = ends_with_marker(text)
+    try:
+        if not problem or not tests:
+            raise ValueError("the row has no problem text or no tests")
+        parsed = parse_problem(problem)
+    except ValueError as exc:
+        return Prepared(text, structural_ok, truncated, None, _unscored(str(exc)))
+    solution = assemble_solution(parsed, extract_code(text))
+    lines = code_lines(solution)
+    if lines < cfg.min_non_empty_lines:
+        reason = f"{lines} code lines, fewer than MIN_NON_EMPTY_LINES={cfg.min_non_empty_lines}"
+        return Prepared(text, structural_ok, truncated, None, _unscored(reason))
+    return Prepared(text, structural_ok, truncated, Job(parsed.types, solution, tests, parsed.function), None)
+
+
+def _unscored(reason: str) -> dict:
+    return {
+        "structural": 0.0,
+        "type_check": 0.0,
+        "compile": 0.0,
+        "tests": 0.0,
+        "tests_passed": 0,
+        "tests_total": 0,
+        "syntax_errors": 0,
+        "type_errors": 0,
+        "stage": "gated",
+        "reason": reason,
+        "error_sample": "",
+    }
+
+
+def finish(
+    item: Prepared, outcome: Outcome | None, weights, cfg: RewardConfig, problem_id: Any = None
+) -> dict:
+    """The full breakdown: stage scores, the total in [0, 1], the runaway penalty."""
+    breakdown = item.early if outcome is None else grade(outcome, weights, item.structural_ok)
+    total = breakdown["structural"] + breakdown["type_check"] + breakdown["compile"] + breakdown["tests"]
+    if breakdown["stage"] == "gated":
+        total = 0.0
+    runaway = item.truncated and END_MARKER not in item.text
+    if runaway:
+        total *= cfg.runaway_penalty_multiplier
+    return {
+        "problem_id": problem_id,
+        "total_reward": round(min(max(total, 0.0), 1.0), 6),
+        **breakdown,
+        "runaway_penalty_applied": runaway,
+        "preview": item.text[:PREVIEW_CHARS],
+    }
+
+
+# --- the pools behind the synchronous helpers ----------------------------------------------------------
+
+_pools: dict[tuple, SandboxPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(cfg: RewardConfig) -> SandboxPool:
+    """One pool per sandbox setting for the process, for callers that do not own one."""
+    key = (cfg.ocaml_sandbox, cfg.reward_workers, cfg.limits())
+    with _pools_lock:
+        if key not in _pools:
+            _pools[key] = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
+        return _pools[key]
+
+
+def score_batch(items: list[dict], cfg: RewardConfig | None = None, epoch: float = 0.0) -> list[dict]:
+    """Breakdowns for many completions at once. Each item: problem, tests, completion, optional
+    truncated and problem_id."""
+    cfg = cfg or config.from_env(RewardConfig)
+    weights = cfg.weights_at(epoch)
+    prepared = [
+        prepare(it.get("problem"), it.get("tests"), it.get("completion"), bool(it.get("truncated")), cfg)
+        for it in items
+    ]
+    pool = shared_pool(cfg) if any(p.job for p in prepared) else None
+    futures = [pool.submit(p.job) if pool and p.job else None for p in prepared]
+    return [
+        finish(p, f.result() if f else None, weights, cfg, it.get("problem_id"))
+        for p, f, it in zip(prepared, futures, items, strict=True)
+    ]
+
+
+def score_completion(
+    problem: str, tests: str, completion: str, *, truncated: bool = False, cfg: RewardConfig | None = None
+) -> dict:
+    """The breakdown of one completion (synchronous)."""
+    item = {"problem": problem, "tests": tests, "completion": completion, "truncated": truncated}
+    return score_batch([item], cfg)[0]
+
+
+# --- the TRL reward function ------------------------------------------------------------------------------
+
+
+class SyntaxAwareReward:
+    """GRPOTrainer reward function: `reward_funcs=[SyntaxAwareReward(cfg, log_dir, max_len)]`."""
+
+    __name__ = "syntax_aware_reward"
+
+    def __init__(
+        self, cfg: RewardConfig, log_dir: Path | None = None, max_completion_length: int | None = None
+    ):
+        self.cfg = cfg
+        self.max_completion_length = max_completion_length
+        self.pool = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
+        self.logs: dict[str, int] = {}
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            for name in ("completions.jsonl", "syntax_aware_breakdown.jsonl"):
+                # O_APPEND and one os.write per line: concurrent writers never interleave, nothing buffered.
+                self.logs[name] = os.open(Path(log_dir) / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    async def __call__(
+        self,
+        prompts: list,
+        completions: list,
+        completion_ids: list | None = None,
+        trainer_state: Any = None,
+        problem: list[str] | None = None,
+        tests: list[str] | None = None,
+        problem_id: list | None = None,
+        **kwargs: Any,
+    ) -> list[float]:
+        n = len(completions)
+        epoch = float(getattr(trainer_state, "epoch", None) or 0.0)
+        weights = self.cfg.weights_at(epoch)
+        problems = problem or [None] * n
+        tests_list = tests or [None] * n
+        ids = problem_id or kwargs.get("id") or [None] * n
+        lengths = [len(c) if c is not None else None for c in (completion_ids or [None] * n)]
+
+        async def score(i: int) -> dict:
+            truncated = (
+                self.max_completion_length is not None and (lengths[i] or 0) >= self.max_completion_length
+            )
+            item = prepare(problems[i], tests_list[i], completions[i], truncated, self.cfg)
+            outcome = await asyncio.wrap_future(self.pool.submit(item.job)) if item.job else None
+            breakdown = finish(item, outcome, weights, self.cfg, ids[i])
+            self._log(breakdown, item, lengths[i])
+            return breakdown
+
+        breakdowns = await asyncio.gather(*(score(i) for i in range(n)))
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None and n:
+            counts = Counter(b["stage"] for b in breakdowns)
+            for stage in STAGES:
+                log_metric(f"stages/{stage}", counts[stage] / n)
+        return [b["total_reward"] for b in breakdowns]
+
+    def _log(self, breakdown: dict, item: Prepared, length: int | None) -> None:
+        if not self.logs:
+            return
+        completion = {
+            "problem_id": breakdown["problem_id"],
+            "reward": breakdown["total_reward"],
+            "length": length if length is not None else len(item.text),
+            "runaway_penalty_applied": breakdown["runaway_penalty_applied"],
+            "completion": item.text,
+        }
+        for name, record in (("completions.jsonl", completion), ("syntax_aware_breakdown.jsonl", breakdown)):
+            os.write(self.logs[name], (json.dumps(record, default=str) + "\n").encode())
+
+    def close(self) -> None:
+        self.pool.close()
+        for fd in self.logs.values():
+            os.close(fd)
+        self.logs = {}
+
+
+# --- the scoring CLI ---------------------------------------------------------------------------------------
+
+
+def load_rows(path: Path) -> list[dict]:
+    """Rows of a JSONL, CSV or parquet file."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise SystemExit(f"{path}:{number}: not JSON ({exc.msg})") from None
+    return rows
+
+
+def score_files(problems_path: Path, completions_path: Path, cfg: RewardConfig) -> list[dict]:
+    problems = {}
+    for row in load_rows(problems_path):
+        text = row.get("prompt") or row.get("problem")
+        if "id" not in row or not text or not row.get("tests"):
+            raise SystemExit(
+                f"{problems_path}: every row needs id, prompt (or problem) and tests; got {row!r:.120}"
+            )
+        problems[str(row["id"])] = (text, row["tests"])
+    items = []
+    for row in load_rows(completions_path):
+        problem, tests = problems.get(str(row.get("problem_id")), (None, None))
+        items.append({**row, "problem": problem, "tests": tests, "completion": row.get("completion") or ""})
+    return score_batch(items, cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Score completions with the syntax-aware reward.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    score = commands.add_parser("score", help="print one JSON breakdown per completion, in order")
+    score.add_argument(
+        "problems", type=Path, help="JSONL, CSV or parquet with id, prompt (or problem), tests"
+    )
+    score.add_argument("completions", type=Path, help="JSONL with problem_id, completion, optional truncated")
+    config.add_arguments(score, RewardConfig)
+    args = parser.parse_args(argv)
+    try:
+        cfg, _ = config.resolve(RewardConfig, args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    for breakdown in score_files(args.problems, args.completions, cfg):
+        shown = {"problem_id": breakdown["problem_id"], "total": breakdown["total_reward"]}
+        shown.update((k, v) for k, v in breakdown.items() if k not in ("problem_id", "total_reward"))
+        print(json.dumps(shown), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
