@@ -15,6 +15,7 @@ processes run under the limits only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -108,10 +109,10 @@ def build_tools() -> Path:
         shutil.copy(OCAML_SOURCES / name, out / name)
     native = shutil.which("ocamlopt") is not None
     checker = ["ocamlopt" if native else "ocamlc", "-package", "compiler-libs.bytecomp", "-linkpkg"]
+    runner_sources = ["tally.ml", "runner.ml", "-o", "runner.byte"]
     commands = [
         ["ocamlfind", *checker, "checker.ml", "-o", "checker"],
-        ["ocamlfind", "ocamlc", "-package", "unix,dynlink", "-linkpkg", "-linkall"]
-        + ["tally.ml", "runner.ml", "-o", "runner.byte"],
+        ["ocamlfind", "ocamlc", "-package", "unix,dynlink", "-linkpkg", "-linkall", *runner_sources],
     ]
     for command in commands:
         done = subprocess.run(command, cwd=out, capture_output=True, text=True, errors="replace")
@@ -119,9 +120,17 @@ def build_tools() -> Path:
             raise RuntimeError(
                 f"building the reward's OCaml tools failed: {' '.join(command)}\n{done.stderr}"
             )
-    # The checker needs tally.cmi on its load path, and nothing else of ours.
-    (out / "include").mkdir()
-    shutil.copy(out / "tally.cmi", out / "include" / "tally.cmi")
+    # The checker's whole load path: the standard library and Tally, so that a completion cannot even
+    # name Unix, Dynlink or Str, although the runner has some of them linked in.
+    include = out / "include"
+    include.mkdir()
+    shutil.copy(out / "tally.cmi", include / "tally.cmi")
+    stdlib = Path(
+        subprocess.run(["ocamlc", "-where"], capture_output=True, text=True, check=True).stdout.strip()
+    )
+    for cmi in stdlib.glob("*.cmi"):
+        if cmi.name.startswith(("stdlib", "camlinternal", "std_exit")):
+            (include / cmi.name).symlink_to(cmi)
     os.chmod(out, 0o755)
     return out
 
@@ -164,7 +173,7 @@ def _bwrap_works() -> str | None:
     if shutil.which("bwrap") is None:
         return "bwrap is not installed"
     with tempfile.TemporaryDirectory() as tmp:
-        probe = bwrap_args(Path(tmp), Path(tmp)) + ["/bin/true"]
+        probe = [*bwrap_args(Path(tmp), Path(tmp)), "/bin/true"]
         try:
             done = subprocess.run(probe, capture_output=True, text=True, errors="replace", timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -253,10 +262,8 @@ class _Process:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, 9)
-            except ProcessLookupError:
-                pass
         self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:

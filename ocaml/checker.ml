@@ -2,6 +2,7 @@
    completion of a worker, so no compiler start-up is paid per completion, and it keeps going past
    errors, which lets it count independent errors (ocamlc stops at the first).
 
+   Argument: the one folder of the load path (the stdlib's interfaces and Tally's).
    Request, one line on stdin: "DIR MODULE FUNCTION". DIR holds types.ml (the problem's definitions),
    code.ml (the completion's solution) and tests.ml. Reply, one line of tab-separated fields:
    syntax_errors, type_errors, definitions, definitions_ok, compiled (0/1), tests_total, error_sample.
@@ -195,7 +196,9 @@ let check dir modname fname =
 let () =
   ignore (Warnings.parse_options false "-a");
   (match Sys.argv with
-  | [| _; include_dir |] -> Clflags.include_dirs := [ include_dir ]
+  | [| _; include_dir |] ->
+      Clflags.no_std_include := true;
+      Clflags.include_dirs := [ include_dir ]
   | _ -> ());
   Compmisc.init_path ();
   try
