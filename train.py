@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ocaml_sandbox import ToolchainMissing, check_toolchain
-from rewards import END_MARKER, RewardConfig, SyntaxAwareReward, score_completion
-
 import config
 from config import ConfigError, setting
+from ocaml_sandbox import ToolchainMissing, check_toolchain
+from rewards import END_MARKER, RewardConfig, SyntaxAwareReward, score_completion
 
 ROOT = Path(__file__).resolve().parent
 BUNDLED_PROBLEMS = ROOT / "data" / "problems.jsonl"
@@ -312,9 +311,9 @@ def _row_fault(problem: Any, tests: Any, duplicate: bool) -> str | None:
 
 
 SYSTEM_PROMPT = (
-    "You are an expert OCaml programmer. Complete the function the user gives you. Reply with one ```ocaml "
-    "code block holding the complete definition, starting with the given signature line, at least {min_lines} "
-    "lines of code, without the doc comment or the type definitions. End the block with the line "
+    "You are an expert OCaml programmer. Complete the function the user gives you. Reply with one "
+    "```ocaml code block holding the complete definition, starting with the given signature line, at least "
+    "{min_lines} lines of code, without the doc comment or the type definitions. End the block with the line "
     + END_MARKER
     + " and write nothing after it."
 )
@@ -417,7 +416,7 @@ def _num(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
-def format_log_line(logs: Mapping[str, Any], reward_name: str = SyntaxAwareReward.__name__) -> str:
+def format_log_line(logs: Mapping[str, Any], reward_name: str = "syntax_aware_reward") -> str:
     """One learning.log line in the seed's format (a missing metric prints as nan)."""
     m = {k: _num(logs.get(k)) for k in ("epoch", "loss", "grad_norm", "learning_rate", "entropy")}
     r = {k: _num(logs.get(k)) for k in ("reward", "reward_std", "frac_reward_zero_std")}
@@ -612,11 +611,12 @@ def train(
     check_few_shot(cfg)
 
     import torch
-    from accelerate import PartialState
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    is_main = PartialState().is_main_process
+    # GRPOConfig sets up the distributed state, so it comes before anything that asks for the main process.
+    args = grpo_args(cfg, use_bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    is_main = args.process_index == 0
     log_path, metrics_path = output_dir / "learning.log", output_dir / "metrics.jsonl"
     output_dir.mkdir(parents=True, exist_ok=True)
     note = (
@@ -626,6 +626,10 @@ def train(
     )
     if is_main:
         write_header(log_path, cfg, sources, resume_from.name if resume_from else None)
+    note(
+        f"launch: distributed type: {args.distributed_state.distributed_type.value}, "
+        f"processes: {args.world_size}, device: {args.device}"
+    )
 
     problems = load_problems(cfg.training_dataset, warn=note)
     try:
@@ -633,12 +637,11 @@ def train(
     except OSError as err:
         raise ConfigError(f"GRPO_MODEL_ID={cfg.model_id!r}: cannot load its tokenizer ({err})") from None
     dataset = build_train_dataset(problems, tokenizer, cfg, note)
-    args = grpo_args(cfg, use_bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     prompts_per_round = args.generation_batch_size // cfg.num_generations
     if len(dataset) < prompts_per_round:
         raise ConfigError(
             f"TRAINING_DATASET={cfg.training_dataset!r}: {len(dataset)} usable problems, but one generation "
-            f"round takes {prompts_per_round} (GRPO_BATCH_SIZE x GRPO_GRAD_ACCUM_STEPS x processes)"
+            f"round takes {prompts_per_round}; lower GRPO_BATCH_SIZE or GRPO_GENERATION_BATCH_SIZE"
         )
 
     reward = SyntaxAwareReward(

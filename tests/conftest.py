@@ -17,3 +17,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"OCaml toolchain missing ({', '.join(missing)} not on PATH): run `make install`",
             returncode=1,
         )
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's tiny Qwen2 model and tokenizer, built once and shared by every test that trains."""
+    from train import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

@@ -1,0 +1,221 @@
+"""train.py settings: precedence, the seed's combination, one-line errors before any heavy import, docs."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import config
+from train import README, ROOT, TrainConfig, build_parser, grpo_args, main, parse_config
+
+
+def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """train.py as a user runs it, with only the given settings in the environment."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "TRAINING_"))}
+    return subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_flag_beats_env_beats_default() -> None:
+    cfg, sources = parse_config(
+        ["--temperature", "1.3", "--lora-r", "16"], {"GRPO_TEMPERATURE": "1.1", "GRPO_NUM_GENERATIONS": "8"}
+    )
+    assert (cfg.temperature, sources["temperature"]) == (1.3, "flag")
+    assert (cfg.lora_r, sources["lora_r"]) == (16, "flag")
+    assert (cfg.num_generations, sources["num_generations"]) == (8, "env")
+    assert (cfg.learning_rate, sources["learning_rate"]) == (5e-6, "default")
+
+
+def test_defaults_are_the_seeds() -> None:
+    cfg, _ = parse_config([], {})
+    assert cfg.model_id == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert cfg.training_dataset == "kiranpg/ocaml-training-problems"
+    assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps) == (4, 1)
+    assert cfg.num_generations == 6
+    assert (cfg.max_prompt_length, cfg.max_completion_length, cfg.num_train_epochs) == (704, 512, 1.0)
+    assert (cfg.learning_rate, cfg.temperature, cfg.max_grad_norm, cfg.logging_steps) == (5e-6, 0.9, 1.0, 1)
+    assert (cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_bias) == (32, 64, 0.05, "none")
+    assert cfg.lora_target_modules.split(",") == [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+    ]  # fmt: skip
+    assert (cfg.min_non_empty_lines, cfg.runaway_penalty_multiplier) == (8, 0.3)
+    assert cfg.output_dir == "grpo_runs" and cfg.report_to == "none"
+
+
+def test_seed_batch_of_4_with_6_generations_is_accepted_by_trl() -> None:
+    cfg, _ = parse_config([], {})
+    args = grpo_args(cfg, use_bf16=False)
+    assert args.per_device_train_batch_size == 4 and args.num_generations == 6
+    assert args.generation_batch_size == 4 * 6 and args.steps_per_generation == 6
+
+
+def test_explicit_generation_batch_size_reaches_trl() -> None:
+    cfg, _ = parse_config([], {"GRPO_GENERATION_BATCH_SIZE": "48", "GRPO_NUM_GENERATIONS": "8"})
+    args = grpo_args(cfg, use_bf16=False)
+    assert args.generation_batch_size == 48 and args.steps_per_generation == 12
+
+
+def test_grpo_remedies_reach_trl() -> None:
+    cfg, _ = parse_config(
+        [],
+        {
+            "GRPO_BETA": "0.04",
+            "GRPO_LOSS_TYPE": "dr_grpo",
+            "GRPO_EPSILON_HIGH": "0.28",
+            "GRPO_MASK_TRUNCATED_COMPLETIONS": "1",
+            "GRPO_TOP_ENTROPY_QUANTILE": "0.2",
+            "GRPO_SCALE_REWARDS": "batch",
+        },
+    )
+    args = grpo_args(cfg, use_bf16=False)
+    assert (args.beta, args.loss_type, args.epsilon_high) == (0.04, "dr_grpo", 0.28)
+    assert args.mask_truncated_completions is True
+    assert (args.top_entropy_quantile, args.scale_rewards) == (0.2, "batch")
+
+
+BAD_VALUES = [
+    ("GRPO_NUM_GENERATIONS", "six", "expected an integer >= 2"),
+    ("GRPO_NUM_GENERATIONS", "1", "expected an integer >= 2"),
+    ("GRPO_LEARNING_RATE", "-1e-5", "expected a number > 0"),
+    ("GRPO_TEMPERATURE", "hot", "expected a number > 0"),
+    ("GRPO_BATCH_SIZE", "0", "expected an integer >= 1"),
+    ("GRPO_MAX_PROMPT", "704.5", "expected an integer >= 1"),
+    ("GRPO_NUM_EPOCHS", "0", "expected a number > 0"),
+    ("GRPO_TOP_ENTROPY_QUANTILE", "1.5", "expected a number > 0 and <= 1"),
+    ("GRPO_LOSS_TYPE", "ppo", "expected one of grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo"),
+    ("GRPO_SCALE_REWARDS", "yes", "expected one of group, batch, none"),
+    ("GRPO_REPORT_TO", "mlflow", "expected one of none, tensorboard, wandb, trackio"),
+    ("GRPO_VLLM_MODE", "remote", "expected one of colocate, server"),
+    ("GRPO_MASK_TRUNCATED_COMPLETIONS", "maybe", "expected a boolean"),
+    ("LORA_R", "-8", "expected an integer >= 1"),
+    ("LORA_DROPOUT", "2", "expected a number >= 0 and <= 1"),
+    ("LORA_BIAS", "some", "expected one of none, all, lora_only"),
+    ("LORA_TARGET_MODULES", "q_proj,,v_proj", "expected comma-separated module names"),
+    ("MIN_NON_EMPTY_LINES", "many", "expected an integer"),
+    ("GRPO_MODEL_ID", "./no-such-model", "no model directory (config.json) there"),
+    ("TRAINING_DATASET", "missing.jsonl", "no such file or folder"),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "expected"), BAD_VALUES, ids=[f"{n}={r}" for n, r, _ in BAD_VALUES])
+def test_bad_value_stops_with_one_line_naming_it(name: str, raw: str, expected: str) -> None:
+    result = run_cli([], {name: raw})
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"error: {name}={raw!r}: {expected}")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "global_batch"),
+    [({"GRPO_GENERATION_BATCH_SIZE": "20"}, 4), ({"GRPO_GENERATION_BATCH_SIZE": "18", "WORLD_SIZE": "2"}, 8)],
+)
+def test_generation_batch_that_trl_cannot_split_is_one_line(env: dict[str, str], global_batch: int) -> None:
+    result = run_cli([], env)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: GRPO_GENERATION_BATCH_SIZE={env['GRPO_GENERATION_BATCH_SIZE']}: expected a multiple of "
+        f"GRPO_NUM_GENERATIONS (6) and of GRPO_BATCH_SIZE x processes ({global_batch}), or none\n"
+    )
+
+
+def test_bad_flag_value_names_the_variable_too() -> None:
+    result = run_cli(["--num-generations", "six"], {})
+    assert result.returncode == 2
+    assert result.stderr == "error: GRPO_NUM_GENERATIONS='six': expected an integer >= 2\n"
+
+
+def test_few_shot_example_below_full_marks_stops_before_the_model_loads() -> None:
+    # With a 20-line gate the prompt's own example would score 0: it would teach what the reward punishes.
+    result = run_cli(["--training-dataset", "data/problems.jsonl"], {"MIN_NON_EMPTY_LINES": "20"})
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: few-shot example 'to_list' scores 0.00")
+
+
+def test_resume_without_checkpoint_is_one_line(tmp_path) -> None:
+    result = run_cli(["--resume", "--output-dir", str(tmp_path)], {})
+    assert result.returncode == 2
+    assert result.stderr == f"error: --resume: no checkpoint-* folder in GRPO_OUTPUT_DIR={str(tmp_path)!r}\n"
+
+
+def test_config_errors_never_import_torch() -> None:
+    code = (
+        "import sys, train\n"
+        "assert train.main(['--print-config'], {}) == 0\n"
+        "assert train.main([], {'GRPO_NUM_GENERATIONS': 'six'}) == 2\n"
+        "heavy = [m for m in ('torch', 'transformers', 'trl', 'peft') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_print_config_shows_values_and_sources(capsys) -> None:
+    assert main(["--print-config", "--lora-r", "16"], {"GRPO_TEMPERATURE": "1.1"}) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["lora_r"] == {"value": 16, "source": "flag"}
+    assert shown["temperature"] == {"value": 1.1, "source": "env"}
+    assert shown["num_generations"] == {"value": 6, "source": "default"}
+    assert shown["min_non_empty_lines"] == {"value": 8, "source": "default"}  # the reward's settings too
+    trl_names = {"per_device_train_batch_size", "learning_rate", "max_completion_length", "max_prompt_length"}
+    assert trl_names <= set(shown)
+
+
+def test_demo_settings_beat_env_but_not_flags(capsys) -> None:
+    assert main(["--demo", "--print-config", "--max-steps", "3"], {"GRPO_MAX_COMPLETION": "600"}) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["max_steps"] == {"value": 3, "source": "flag"}
+    assert shown["max_completion_length"]["source"] == "demo"
+    assert shown["output_dir"] == {"value": "grpo_runs/demo", "source": "demo"}
+
+
+def test_help_lists_every_setting_with_env_and_default(monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse would wrap long defaults at their hyphens
+    text = " ".join(build_parser().format_help().split())
+    for field in config._settings(TrainConfig):
+        assert f"[env {field.metadata['env']}, default {config._shown(field.default)}]" in text
+
+
+def test_readme_configuration_table_is_current() -> None:
+    readme = README.read_text(encoding="utf-8")
+    found = re.search(r"<!-- config-table:start -->\n(.*?)\n<!-- config-table:end -->", readme, re.S)
+    assert found, "README.md lacks the config-table markers"
+    assert found.group(1) == config.markdown_table(TrainConfig), "regenerate: python train.py --config-table"
+
+
+def test_config_table_flag_prints_the_table() -> None:
+    result = run_cli(["--config-table"], {})
+    assert result.returncode == 0 and result.stdout == config.markdown_table(TrainConfig) + "\n"
+
+
+def test_envrc_holds_the_seeds_recommendations() -> None:
+    result = subprocess.run(
+        ["bash", "-c", f"source .envrc && exec {sys.executable} train.py --print-config"],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "TRAINING_"))},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    expected = {
+        "temperature": 1.1,
+        "num_generations": 8,
+        "learning_rate": 8e-6,
+        "max_completion_length": 600,
+        "max_prompt_length": 704,
+    }
+    for key, value in expected.items():
+        assert shown[key] == {"value": value, "source": "env"}
+    for line in (ROOT / ".envrc").read_text().splitlines():
+        if line.startswith("export "):
+            assert "#" in line, f"uncommented setting in .envrc: {line}"

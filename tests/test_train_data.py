@@ -1,0 +1,176 @@
+"""train.py data, prompt and log line: dataset files, malformed rows, few-shot examples, the seed's format."""
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+from config import ConfigError
+from rewards import END_MARKER, RewardConfig, score_completion
+from train import (
+    BUNDLED_PROBLEMS,
+    FEW_SHOT,
+    build_prompt_messages,
+    build_train_dataset,
+    check_few_shot,
+    format_log_line,
+    load_problems,
+    parse_config,
+    prompt_token_count,
+)
+
+BUNDLED = [json.loads(line) for line in BUNDLED_PROBLEMS.read_text().splitlines()]
+
+
+def rows_with_faults() -> list[dict]:
+    """Three good rows (one with `problem` instead of `prompt`) around three malformed ones."""
+    good = [{"id": r["id"], "prompt": r["prompt"], "tests": r["tests"]} for r in BUNDLED[:3]]
+    return [
+        good[0],
+        {"id": "no_tests", "prompt": BUNDLED[3]["prompt"], "tests": ""},
+        {"id": good[1]["id"], "problem": good[1]["prompt"], "tests": good[1]["tests"]},
+        {"id": "no_signature", "prompt": "(** a comment and nothing else *)", "tests": "let () = ()"},
+        {"id": "", "prompt": "", "tests": "let () = ()"},
+        good[2],
+    ]
+
+
+def write_jsonl(rows: list[dict], path: Path) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def write_with_datasets(rows: list[dict], path: Path) -> Path:
+    # One schema for every row, as a CSV or parquet file has: missing cells are empty.
+    columns = ["id", "prompt", "problem", "tests"]
+    table = datasets.Dataset.from_list([{c: row.get(c) for c in columns} for row in rows])
+    if path.suffix == ".csv":
+        table.to_csv(str(path), index=False)
+    else:
+        table.to_parquet(str(path))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".parquet", "folder"])
+def test_each_format_loads_good_rows_and_reports_malformed_ones(tmp_path: Path, suffix: str) -> None:
+    rows = rows_with_faults()
+    if suffix == ".jsonl":
+        source = write_jsonl(rows, tmp_path / "problems.jsonl")
+    elif suffix == "folder":
+        write_jsonl(rows, tmp_path / "train.jsonl")
+        source = tmp_path
+    else:
+        source = write_with_datasets(rows, tmp_path / f"problems{suffix}")
+    warnings: list[str] = []
+    problems = load_problems(str(source), warn=warnings.append)
+    assert [p["id"] for p in problems] == [BUNDLED[0]["id"], BUNDLED[1]["id"], BUNDLED[2]["id"]]
+    assert problems[1]["problem"] == BUNDLED[1]["prompt"]  # read from the `problem` column
+    assert all(p["tests"] == b["tests"] for p, b in zip(problems, BUNDLED, strict=False))
+    assert len(warnings) == 3
+    assert warnings[0] == "skipped problem no_tests: no tests"
+    assert warnings[1].startswith("skipped problem no_signature: the prompt does not end with")
+    assert warnings[2] == "skipped problem row 4: no prompt (or problem) text"
+
+
+def test_bundled_problems_load_whole() -> None:
+    warnings: list[str] = []
+    assert len(load_problems(str(BUNDLED_PROBLEMS), warn=warnings.append)) == len(BUNDLED)
+    assert warnings == []
+
+
+def test_unreadable_file_is_one_config_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.jsonl"
+    good = {"id": "a", "prompt": "let f () =", "tests": "let () = ()"}
+    broken.write_text(json.dumps(good) + '\n{"id": "b", ')
+    with pytest.raises(ConfigError, match=r"^TRAINING_DATASET='.*broken.jsonl': cannot load it") as err:
+        load_problems(str(broken))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"expected a \.jsonl, \.json, \.csv or \.parquet file"):
+        load_problems(str(write_jsonl([], tmp_path / "problems.txt")))
+
+
+@pytest.mark.parametrize("index", range(len(FEW_SHOT)))
+def test_few_shot_answers_earn_full_marks_under_the_real_reward(index: int) -> None:
+    problem, tests, answer = FEW_SHOT[index]
+    result = score_completion(problem, tests, answer)
+    assert result["total_reward"] == 1.0, result
+    assert result["tests_passed"] == result["tests_total"] == tests.count("assert (")
+
+
+def test_few_shot_check_passes_at_the_defaults_and_fails_when_the_gate_is_raised() -> None:
+    check_few_shot(RewardConfig())
+    with pytest.raises(ConfigError, match=r"few-shot example 'to_list' scores 0\.00"):
+        check_few_shot(RewardConfig(min_non_empty_lines=20))
+
+
+def test_prompt_asks_for_what_the_reward_rewards() -> None:
+    problem = BUNDLED[0]["prompt"]
+    messages = build_prompt_messages(problem, min_lines=8)
+    assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * len(FEW_SHOT), "user"]
+    system = messages[0]["content"]
+    assert END_MARKER in system and "```ocaml" in system and "at least 8 lines" in system
+    assert messages[-1]["content"] == problem
+    for answer in (m["content"] for m in messages[2:-1:2]):
+        assert answer.startswith("```ocaml\n") and answer.endswith(f"{END_MARKER}\n```")
+
+
+def test_over_long_prompts_are_dropped_and_counted(tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    problems = load_problems(str(BUNDLED_PROBLEMS))
+    lengths = [prompt_token_count(tokenizer, build_prompt_messages(p["problem"])) for p in problems]
+    limit = sorted(lengths)[len(lengths) // 2]
+    cfg, _ = parse_config([], {"GRPO_MAX_PROMPT": str(limit), "TRAINING_DATASET": str(BUNDLED_PROBLEMS)})
+    notes: list[str] = []
+    dataset = build_train_dataset(problems, tokenizer, cfg, notes.append)
+    too_long = sum(n > limit for n in lengths)
+    assert 0 < too_long < len(problems)
+    assert len(dataset) == len(problems) - too_long
+    assert notes == [
+        f"dataset: {len(dataset)} problems from {BUNDLED_PROBLEMS}; {too_long} dropped as longer than "
+        f"GRPO_MAX_PROMPT={limit} tokens"
+    ]
+    assert set(dataset.column_names) == {"prompt", "problem_id", "problem", "tests"}
+    tight, _ = parse_config([], {"GRPO_MAX_PROMPT": str(min(lengths) - 1)})
+    with pytest.raises(ConfigError, match=r"no problem of .* fits"):
+        build_train_dataset(problems, tokenizer, tight, notes.append)
+
+
+SEED_LINES = [
+    "[Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102±0.077  syntax_rew=0.102±0.078  "
+    "entropy=0.155  frac_zero_std=0.00",
+    "[Epoch 0.29]  loss=0.0111   grad=0.0406  lr=3.57e-06  reward=0.115±0.065  syntax_rew=0.115±0.082  "
+    "entropy=0.165  frac_zero_std=0.25",
+]
+
+
+def metrics_of(line: str) -> dict[str, float]:
+    """The TRL metrics a seed log line was printed from."""
+    fields = dict(part.split("=") for part in line.split()[2:])
+    reward, reward_std = map(float, fields["reward"].split("±"))
+    own, own_std = map(float, fields["syntax_rew"].split("±"))
+    return {
+        "epoch": float(line[len("[Epoch ") : line.index("]")]),
+        "loss": float(fields["loss"]),
+        "grad_norm": float(fields["grad"]),
+        "learning_rate": float(fields["lr"]),
+        "reward": reward,
+        "reward_std": reward_std,
+        "rewards/syntax_aware_reward/mean": own,
+        "rewards/syntax_aware_reward/std": own_std,
+        "entropy": float(fields["entropy"]),
+        "frac_reward_zero_std": float(fields["frac_zero_std"]),
+    }
+
+
+@pytest.mark.parametrize("line", SEED_LINES)
+def test_log_line_is_the_seeds_format_exactly(line: str) -> None:
+    assert format_log_line(metrics_of(line)) == line
+
+
+def test_log_line_prints_nan_for_a_missing_metric() -> None:
+    logs = metrics_of(SEED_LINES[0])
+    del logs["entropy"]
+    assert "  entropy=nan  " in format_log_line(logs)

@@ -1,0 +1,124 @@
+"""train.py end to end with the tiny local model: the demo, resume and merge, two processes."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from train import BUNDLED_PROBLEMS, ROOT, main
+
+STEP_LINE = re.compile(
+    r"^\[Epoch \d+\.\d\d\]  loss=-?\d+\.\d{4} *  grad=\d+\.\d{4}  lr=\d\.\d\de[-+]\d\d  "
+    r"reward=\d\.\d{3}±\d\.\d{3}  syntax_rew=\d\.\d{3}±\d\.\d{3}  entropy=\d+\.\d{3}  frac_zero_std=\d\.\d\d$"
+)
+
+
+def step_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text(encoding="utf-8").splitlines() if line.startswith("[Epoch")]
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def quick_settings(tiny_model: Path, out: Path, steps: int) -> list[str]:
+    """Two prompts x two generations per round: the smallest run that still makes groups."""
+    return [
+        *("--model-id", str(tiny_model), "--training-dataset", str(BUNDLED_PROBLEMS)),
+        *("--output-dir", str(out)),
+        *("--batch-size", "2", "--num-generations", "2", "--max-completion", "12", "--max-steps", str(steps)),
+        *("--save-steps", "2", "--lora-r", "4", "--lora-alpha", "8"),
+    ]
+
+
+def test_demo_writes_every_output_in_the_seeds_formats(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "TRAINING_"))}
+    result = subprocess.run(
+        [sys.executable, "train.py", "--demo", "--output-dir", str(out)],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Outputs in {out.resolve()}/" in result.stdout
+
+    log = (out / "learning.log").read_text(encoding="utf-8")
+    assert log.startswith("# ") and "#   num_generations = 6  (demo)" in log
+    lines = step_lines(out / "learning.log")
+    assert len(lines) == 30
+    assert all(STEP_LINE.match(line) for line in lines), lines[:3]
+
+    metrics = jsonl(out / "metrics.jsonl")
+    steps = [m for m in metrics if "loss" in m]
+    assert [m["step"] for m in steps] == list(range(1, 31))
+    # One generation round of 4 prompts x 6 completions feeds 6 optimizer steps.
+    rounds = [m for m in steps if "reward" in m]
+    assert [m["step"] for m in rounds] == list(range(1, 31, 6))
+    for key in ("rewards/syntax_aware_reward/mean", "frac_reward_zero_std", "completions/clipped_ratio"):
+        assert key in rounds[0]
+    assert "train_runtime" in metrics[-1]
+
+    completions = jsonl(out / "reward_logs" / "completions.jsonl")
+    breakdown = jsonl(out / "reward_logs" / "syntax_aware_breakdown.jsonl")
+    assert len(completions) == len(breakdown) == 5 * 24
+    assert {"problem_id", "reward", "completion"} <= set(completions[0])
+    assert {"problem_id", "total_reward", "stage"} <= set(breakdown[0])
+
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-15", "checkpoint-30"]
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_resume_appends_to_the_log_and_merge_writes_a_full_model(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert main(quick_settings(tiny_model, out, steps=2), environ={}) == 0
+    first_part = (out / "learning.log").read_text(encoding="utf-8")
+    assert len(step_lines(out / "learning.log")) == 2
+    assert (out / "checkpoint-2").is_dir()
+
+    merged = tmp_path / "merged"
+    argv = [*quick_settings(tiny_model, out, steps=4), "--resume", "--merge-to", str(merged)]
+    assert main(argv, environ={}) == 0
+    log = (out / "learning.log").read_text(encoding="utf-8")
+    assert log.startswith(first_part)
+    resumed = log[len(first_part) :]
+    assert resumed.startswith("# ") and "train.py resumed from checkpoint-2" in resumed.splitlines()[0]
+    assert len(step_lines(out / "learning.log")) == 4
+    assert [m["step"] for m in jsonl(out / "metrics.jsonl") if "loss" in m] == [1, 2, 3, 4]
+    assert (out / "checkpoint-4").is_dir()
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(merged)
+    assert not any("lora" in name for name, _ in model.named_parameters())
+    assert model.config.hidden_size == AutoModelForCausalLM.from_pretrained(tiny_model).config.hidden_size
+
+
+def test_two_processes_under_accelerate_launch(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ddp"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "TRAINING_"))}
+    # `--cpu` alone makes accelerate start one process; this is its distributed launcher on CPU devices.
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    result = subprocess.run(
+        [*launch, "train.py", *quick_settings(tiny_model, out, steps=2)],
+        cwd=ROOT,
+        env={**clean, "ACCELERATE_USE_CPU": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (out / "learning.log").read_text(encoding="utf-8")
+    assert log.count("train.py started") == 1  # only the main process writes the log
+    lines = step_lines(out / "learning.log")
+    assert len(lines) == 2 and all(STEP_LINE.match(line) for line in lines)
+    # One round: 2 processes x 2 completions per step x 2 steps, in groups of 2, each process scoring its own.
+    assert len(jsonl(out / "reward_logs" / "completions.jsonl")) == 8
+    assert "distributed type: MULTI_CPU" in log and "processes: 2" in log
+    assert (out / "adapter" / "adapter_config.json").is_file()
