@@ -107,19 +107,28 @@ def build_tools() -> Path:
     out = Path(tempfile.mkdtemp(prefix="ocaml-reward-tools-"))
     for name in ("tally.ml", "runner.ml", "checker.ml"):
         shutil.copy(OCAML_SOURCES / name, out / name)
-    native = shutil.which("ocamlopt") is not None
-    checker = ["ocamlopt" if native else "ocamlc", "-package", "compiler-libs.bytecomp", "-linkpkg"]
-    runner_sources = ["tally.ml", "runner.ml", "-o", "runner.byte"]
-    commands = [
-        ["ocamlfind", *checker, "checker.ml", "-o", "checker"],
-        ["ocamlfind", "ocamlc", "-package", "unix,dynlink", "-linkpkg", "-linkall", *runner_sources],
+    checker = ["-package", "compiler-libs.bytecomp", "-linkpkg", "checker.ml", "-o", "checker"]
+    runner = [
+        "-package",
+        "unix,dynlink",
+        "-linkpkg",
+        "-linkall",
+        "tally.ml",
+        "runner.ml",
+        "-o",
+        "runner.byte",
     ]
-    for command in commands:
-        done = subprocess.run(command, cwd=out, capture_output=True, text=True, errors="replace")
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"building the reward's OCaml tools failed: {' '.join(command)}\n{done.stderr}"
-            )
+    # A native checker is about three times faster; ocamlopt needs a working C linker, so bytecode is the
+    # fallback.
+    for compiler in ("ocamlopt", "ocamlc"):
+        if _ocamlfind(compiler, checker, out) is None:
+            break
+    else:
+        raise RuntimeError(
+            f"building the reward's OCaml checker failed:\n{_ocamlfind('ocamlc', checker, out)}"
+        )
+    if (problem := _ocamlfind("ocamlc", runner, out)) is not None:
+        raise RuntimeError(f"building the reward's OCaml runner failed:\n{problem}")
     # The checker's whole load path: the standard library and Tally, so that a completion cannot even
     # name Unix, Dynlink or Str, although the runner has some of them linked in.
     include = out / "include"
@@ -133,6 +142,14 @@ def build_tools() -> Path:
             (include / cmi.name).symlink_to(cmi)
     os.chmod(out, 0o755)
     return out
+
+
+def _ocamlfind(compiler: str, args: list[str], cwd: Path) -> str | None:
+    """None on success, else the compiler's complaint."""
+    done = subprocess.run(
+        ["ocamlfind", compiler, *args], cwd=cwd, capture_output=True, text=True, errors="replace"
+    )
+    return None if done.returncode == 0 else done.stderr[-2000:]
 
 
 # --- sandbox ----------------------------------------------------------------------------------------
