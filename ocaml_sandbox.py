@@ -241,7 +241,7 @@ def _limit_child(limits: Limits, uid: int | None):
 
 
 class _Process:
-    """A long-lived helper speaking one request line, reply lines, over pipes."""
+    """A long-lived helper: requests to its stdin, reply lines from its stdout."""
 
     def __init__(self, argv: list[str], cwd: Path, preexec_fn=None) -> None:
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OCAMLRUNPARAM": "l=256k"}
@@ -257,9 +257,9 @@ class _Process:
         )
         self.buffer = b""
 
-    def send(self, line: str) -> None:
+    def send(self, request: bytes) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.write(request)
         self.proc.stdin.flush()
 
     def read_line(self, deadline: float) -> str | None:
@@ -323,22 +323,22 @@ class _Worker:
         return _Process(self._sandboxed(argv), self.dir, preexec_fn=_limit_child(self.limits, self.uid))
 
     def evaluate(self, job: Job) -> Outcome:
-        unit = self.dir / job.key
-        unit.mkdir(mode=0o755, exist_ok=True)
+        outcome = self._check(job)
+        compiled = [self.dir / f"u{job.key}.{ext}" for ext in ("cmo", "cmi")]
         try:
-            for name, text in (("types.ml", job.types), ("code.ml", job.code), ("tests.ml", job.tests)):
-                (unit / name).write_text(text, encoding="utf-8", errors="replace")
-            outcome = self._check(unit, job)
             if outcome.compiled:
-                self._run(unit / f"u{job.key}.cmo", outcome)
+                self._run(compiled[0], outcome)
             return outcome
         finally:
-            shutil.rmtree(unit, ignore_errors=True)
+            for path in compiled:
+                path.unlink(missing_ok=True)
 
-    def _check(self, unit: Path, job: Job) -> Outcome:
+    def _check(self, job: Job) -> Outcome:
         if self.checker is None or self.checker.proc.poll() is not None:
             self.checker = self._start_checker()
-        self.checker.send(f"{unit} U{job.key} {job.function}")
+        texts = [t.encode("utf-8", errors="replace") for t in (job.types, job.code, job.tests)]
+        sizes = " ".join(str(len(t)) for t in texts)
+        self.checker.send(f"{self.dir} U{job.key} {job.function} {sizes}".encode() + b"\n" + b"".join(texts))
         reply = self.checker.read_line(time.monotonic() + self.limits.compile_timeout)
         if reply is None:
             # A runaway type-checker (or a crash): restart it and report the completion as not compiling.
@@ -363,7 +363,7 @@ class _Worker:
             self.runner = self._start_runner()
         nonce = secrets.token_hex(16)
         timeout_ms = int(self.limits.run_timeout * 1000)
-        self.runner.send(f"{cmo} {nonce} {timeout_ms}")
+        self.runner.send(f"{cmo} {nonce} {timeout_ms}\n".encode())
         deadline = time.monotonic() + self.limits.run_timeout + 5.0
         while (line := self.runner.read_line(deadline)) is not None:
             if line.startswith("E "):

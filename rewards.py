@@ -170,12 +170,11 @@ class RewardConfig:
 # --- from problem and completion to a program ------------------------------------------------------
 
 IDENT = r"[a-z_][A-Za-z0-9_']*"
-SIGNATURE = re.compile(rf"^let\s+(rec\s+)?({IDENT})\b.*", re.M | re.S)
 TYPE_NAME = re.compile(rf"^(?:type|and)\s+(?:nonrec\s+)?(?:'\w+\s+|\([^)]*\)\s+)?({IDENT})", re.M)
 FENCE_OPEN = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n")
 FENCE_CLOSE = re.compile(r"^[ \t]*```", re.M)
 TOP_LEVEL = re.compile(r"^(?:let|type|module|exception|open|include|external|class|\(\*)\b", re.M)
-PROSE = re.compile(r"^[A-Z][\w'’]*(?:[ \t]+[\w'’,()`-]+)+[ \t]*[:.!]?[ \t]*$")
+PROSE = re.compile(r"^[A-Z][\w']*(?:[ \t]+[\w',()`-]+)+[ \t]*[:.!]?[ \t]*$")
 
 
 @dataclass(frozen=True)
@@ -188,11 +187,10 @@ class Problem:
 
 def parse_problem(text: str) -> Problem:
     """Split a problem prompt at its final top-level `let`; ValueError when it has none."""
-    match = None
-    for match in re.finditer(rf"^let\s+(rec\s+)?({IDENT})\b", text, re.M):
-        pass
-    if match is None:
+    signatures = list(re.finditer(rf"^let\s+(rec\s+)?({IDENT})\b", text, re.M))
+    if not signatures:
         raise ValueError("the problem has no signature line `let f ... =`")
+    match = signatures[-1]
     types = text[: match.start()]
     return Problem(types, text[match.start() :].strip(), match.group(2), frozenset(TYPE_NAME.findall(types)))
 
@@ -448,16 +446,19 @@ def shared_pool(cfg: RewardConfig) -> SandboxPool:
         return _pools[key]
 
 
-def score_batch(items: list[dict], cfg: RewardConfig | None = None, epoch: float = 0.0) -> list[dict]:
+def score_batch(
+    items: list[dict], cfg: RewardConfig | None = None, epoch: float = 0.0, pool: SandboxPool | None = None
+) -> list[dict]:
     """Breakdowns for many completions at once. Each item: problem, tests, completion, optional
-    truncated and problem_id."""
+    truncated and problem_id. Without `pool`, a process-wide one for cfg's sandbox settings."""
     cfg = cfg or config.from_env(RewardConfig)
     weights = cfg.weights_at(epoch)
     prepared = [
         prepare(it.get("problem"), it.get("tests"), it.get("completion"), bool(it.get("truncated")), cfg)
         for it in items
     ]
-    pool = shared_pool(cfg) if any(p.job for p in prepared) else None
+    if pool is None and any(p.job for p in prepared):
+        pool = shared_pool(cfg)
     futures = [pool.submit(p.job) if pool and p.job else None for p in prepared]
     return [
         finish(p, f.result() if f else None, weights, cfg, it.get("problem_id"))

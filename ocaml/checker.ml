@@ -3,13 +3,14 @@
    errors, which lets it count independent errors (ocamlc stops at the first).
 
    Argument: the one folder of the load path (the stdlib's interfaces and Tally's).
-   Request, one line on stdin: "DIR MODULE FUNCTION". DIR holds types.ml (the problem's definitions),
-   code.ml (the completion's solution) and tests.ml. Reply, one line of tab-separated fields:
+   Request on stdin: a line "DIR MODULE FUNCTION" with the byte sizes of three texts, then the texts: the
+   problem's definitions, the completion's solution, the tests. Reply, one line of tab-separated fields:
    syntax_errors, type_errors, definitions, definitions_ok, compiled (0/1), tests_total, error_sample.
 
-   The completion is typed one top-level definition at a time; a failing definition is left out and
-   errors that only say a left-out name is unbound are not counted again. When nothing failed, the unit
-   [types; module Solution (_ : sig end) = struct code end; harness] is compiled to DIR/MODULE.cmo.
+   The unit compiled to DIR/module.cmo is [types; module Solution (_ : sig end) = struct code end;
+   harness; tests]. When it does not compile, the completion is typed one top-level definition at a
+   time: a failing definition is left out, and errors that only say a left-out name is unbound are not
+   counted again.
    The completion sits in a functor so that its top-level effects run only when the harness applies
    it, and the harness, defined after it, is out of its reach. *)
 
@@ -25,14 +26,10 @@ let message_of exn =
 
 let sample (line, text) = if line > 0 then Printf.sprintf "line %d: %s" line text else text
 
-let parse path =
-  let ic = open_in_bin path in
-  Fun.protect
-    ~finally:(fun () -> close_in ic)
-    (fun () ->
-      let lexbuf = Lexing.from_channel ic in
-      Location.init lexbuf path;
-      Parse.implementation lexbuf)
+let parse name text =
+  let lexbuf = Lexing.from_string text in
+  Location.init lexbuf name;
+  Parse.implementation lexbuf
 
 let rec pattern_names acc p =
   match p.ppat_desc with
@@ -172,27 +169,30 @@ let reply fields =
   print_string (String.concat "\t" fields ^ "\n");
   flush stdout
 
-let check dir modname fname =
-  let path name = Filename.concat dir name in
-  Env.set_unit_name modname;
-  let env = Compmisc.initial_env () in
-  let types = parse (path "types.ml") in
-  let _, _, _, env = Typemod.type_structure env types in
-  match parse (path "code.ml") with
-  | exception exn -> reply [ "1"; "0"; "0"; "0"; "0"; "0"; clean (sample (message_of exn)) ]
-  | code -> (
-      let errors, ok, first = count_type_errors env code in
-      let definitions = string_of_int (List.length code) in
-      let tests, total = instrument_tests (parse (path "tests.ml")) in
-      match first with
-      | Some error ->
-          reply [ "0"; string_of_int errors; definitions; string_of_int ok; "0"; string_of_int total; clean (sample error) ]
-      | None -> (
-          let ok = string_of_int ok in
-          match compile_unit dir modname (types @ [ solution_functor code ] @ harness fname @ tests) with
-          | () -> reply [ "0"; "0"; definitions; ok; "1"; string_of_int total; "" ]
-          | exception exn -> reply [ "0"; "0"; definitions; ok; "0"; string_of_int total; clean (sample (message_of exn)) ]))
+let failure syntax_errors type_errors definitions ok total error =
+  reply (List.map string_of_int [ syntax_errors; type_errors; definitions; ok; 0; total ] @ [ clean (sample error) ])
 
+(* Compile first: most completions that get this far are whole; only a failure pays for counting. *)
+let check dir modname fname types_src code_src tests_src =
+  Env.set_unit_name modname;
+  let types = parse "types.ml" types_src in
+  match parse "code.ml" code_src with
+  | exception exn -> failure 1 0 0 0 0 (message_of exn)
+  | code -> (
+      let tests, total = instrument_tests (parse "tests.ml" tests_src) in
+      let definitions = List.length code in
+      let snapshot = Btype.snapshot () in
+      match compile_unit dir modname (types @ [ solution_functor code ] @ harness fname @ tests) with
+      | () -> reply (List.map string_of_int [ 0; 0; definitions; definitions; 1; total ] @ [ "" ])
+      | exception compile_error -> (
+          Btype.backtrack snapshot;
+          Typecore.reset_delayed_checks ();
+          let _, _, _, env = Typemod.type_structure (Compmisc.initial_env ()) types in
+          match count_type_errors env code with
+          | errors, ok, Some first -> failure 0 errors definitions ok total first
+          | _, ok, None -> failure 0 0 definitions ok total (message_of compile_error)))
+
+(* A request is "DIR MODULE FUNCTION TYPES_BYTES CODE_BYTES TESTS_BYTES", then those three texts. *)
 let () =
   ignore (Warnings.parse_options false "-a");
   (match Sys.argv with
@@ -201,11 +201,15 @@ let () =
       Clflags.include_dirs := [ include_dir ]
   | _ -> ());
   Compmisc.init_path ();
+  set_binary_mode_in stdin true;
   try
     while true do
       match String.split_on_char ' ' (input_line stdin) with
-      | [ dir; modname; fname ] -> (
-          try check dir modname fname
+      | [ dir; modname; fname; n_types; n_code; n_tests ] -> (
+          let types = really_input_string stdin (int_of_string n_types) in
+          let code = really_input_string stdin (int_of_string n_code) in
+          let tests = really_input_string stdin (int_of_string n_tests) in
+          try check dir modname fname types code tests
           with exn -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; clean ("checker: " ^ snd (message_of exn)) ])
       | _ -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; "checker: bad request" ]
     done

@@ -2,8 +2,8 @@
    child that loads the compiled harness with Dynlink (no link step, no exec), and replies with the
    child's tally lines, each prefixed "R ", then one line "E <how it ended>". The runner itself runs
    as an unprivileged uid under the parent's resource limits, which every child inherits. With
-   --sweep (only when that uid is ours alone) it kills every other process of the uid after each
-   job, so nothing a completion spawned outlives it. *)
+   --sweep (given only inside a new PID namespace, and ignored when running as root) it kills every
+   other process of the uid after each job, so nothing a completion spawned outlives it. *)
 
 let devnull = lazy (Unix.openfile "/dev/null" [ Unix.O_RDWR ] 0)
 
@@ -83,7 +83,8 @@ let run ~sweep_after cmo nonce timeout_ms =
       flush stdout
 
 let () =
-  let sweep_after = Array.length Sys.argv > 1 && Sys.argv.(1) = "--sweep" in
+  (* kill (-1) reaches every process the uid may signal: never as root, whatever the caller asked. *)
+  let sweep_after = Array.length Sys.argv > 1 && Sys.argv.(1) = "--sweep" && Unix.getuid () <> 0 in
   Sys.set_signal Sys.sigpipe Sys.Signal_ignore;
   (* Initialises Dynlink here, once, rather than in every child. Completions cannot name Unix or
      Dynlink although they are linked in: the checker's load path holds only the stdlib and Tally. *)
