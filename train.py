@@ -679,15 +679,17 @@ def run_demo(cfg: TrainConfig, sources: dict[str, str], args: argparse.Namespace
     adapter_dir = train(cfg, sources, resume=args.resume, merge_to=args.merge_to)
     out = Path(cfg.output_dir).resolve()
     checkpoint = latest_checkpoint(out)
-    print(
-        f"\nDemo finished in {time.monotonic() - started:.0f} s. Outputs in {out}/:\n"
-        "  learning.log       one line per step in the seed's format\n"
-        "  metrics.jsonl      every metric TRL logged\n"
-        "  reward_logs/       completions.jsonl and syntax_aware_breakdown.jsonl\n"
-        f"  {checkpoint.name if checkpoint else '(no checkpoint)'}/      the last checkpoint\n"
-        f"  {adapter_dir.name}/           the LoRA adapter in PEFT format\n"
-        f"  tiny-model/        the model it trained"
-    )
+    outputs = [
+        ("learning.log", "one line per step in the seed's format"),
+        ("metrics.jsonl", "every metric TRL logged"),
+        ("reward_logs/", "completions.jsonl and syntax_aware_breakdown.jsonl"),
+        (f"{checkpoint.name}/" if checkpoint else "checkpoint-*/", "the last checkpoint, for --resume"),
+        (f"{adapter_dir.name}/", "the LoRA adapter in PEFT format"),
+        ("tiny-model/", "the model it trained"),
+    ]
+    print(f"\nDemo finished in {time.monotonic() - started:.0f} s. Outputs in {out}/:")
+    for name, what in outputs:
+        print(f"  {name:<16} {what}")
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
