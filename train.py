@@ -29,7 +29,7 @@ from typing import Any
 import config
 from config import ConfigError, setting
 from ocaml_sandbox import ToolchainMissing, check_toolchain
-from rewards import END_MARKER, RewardConfig, SyntaxAwareReward, score_completion
+from rewards import END_MARKER, RewardConfig, SyntaxAwareReward, parse_problem, score_completion
 
 ROOT = Path(__file__).resolve().parent
 BUNDLED_PROBLEMS = ROOT / "data" / "problems.jsonl"
@@ -305,8 +305,10 @@ def _row_fault(problem: Any, tests: Any, duplicate: bool) -> str | None:
         return "no prompt (or problem) text"
     if not isinstance(tests, str) or not tests.strip():
         return "no tests"
-    if not problem.rstrip().endswith("="):
-        return "the prompt does not end with a `let ... =` signature line"
+    try:
+        parse_problem(problem)  # the reward's own reading of a prompt: it needs a final `let f ... =`
+    except ValueError as err:
+        return str(err)
     return None
 
 
