@@ -15,6 +15,7 @@ processes run under the limits only.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -105,6 +106,7 @@ def build_tools() -> Path:
     """Compile checker and runner once per process into a temp dir (about a quarter of a second)."""
     check_toolchain()
     out = Path(tempfile.mkdtemp(prefix="ocaml-reward-tools-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     for name in ("tally.ml", "runner.ml", "checker.ml"):
         shutil.copy(OCAML_SOURCES / name, out / name)
     checker = ["-package", "compiler-libs.bytecomp", "-linkpkg", "checker.ml", "-o", "checker"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import csv
 import json
 import os
@@ -443,6 +444,7 @@ def shared_pool(cfg: RewardConfig) -> SandboxPool:
     with _pools_lock:
         if key not in _pools:
             _pools[key] = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
+            atexit.register(_pools[key].close)
         return _pools[key]
 
 
