@@ -1,0 +1,513 @@
+"""Write the run-health report for a GRPO run: `python analyze.py RUN` (a run folder or its learning.log).
+
+The report follows the seed analysis: status and decision first (machine-readable), an executive summary,
+metric ranges against the expected bands, issues with evidence, env changes to try, the next milestone's
+checklist and the stop criteria. With the reward logs it adds where completions fail, the most common
+compiler errors and examples. It prints the Markdown, writes RUN/analysis.md and saves PNG plots beside it.
+The thresholds live in monitor.py, shared with the live monitor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+import monitor
+from monitor import Check, Criterion, Knobs, Row
+
+STAGES = (
+    "gated",
+    "syntax_error",
+    "type_error",
+    "compile_error",
+    "timeout",
+    "runtime_error",
+    "tests_failed",
+    "passed",
+)
+RECENT_COMPLETIONS = 200  # the reward-log rows that stand for "now"
+EXAMPLES_PER_STAGE = 2
+
+# learning.log's short names -> TRL's metric names; a `mean±std` value fills two.
+LOG_NAMES = {
+    "loss": ("loss",),
+    "grad": ("grad_norm",),
+    "lr": ("learning_rate",),
+    "reward": ("reward", "reward_std"),
+    "syntax_rew": ("rewards/syntax_aware_reward/mean", "rewards/syntax_aware_reward/std"),
+    "entropy": ("entropy",),
+    "frac_zero_std": ("frac_reward_zero_std",),
+}
+LOG_LINE = re.compile(r"^\[Epoch\s+(?P<epoch>[0-9.eE+-]+)\]\s+(?P<pairs>.*)$")
+PAIR = re.compile(r"(\w+)=(\S+)")
+
+
+def parse_log_line(line: str) -> dict[str, float] | None:
+    """One learning.log metrics line as TRL-named floats, or None for any other line."""
+    match = LOG_LINE.match(line.strip())
+    if not match:
+        return None
+    try:
+        row = {"epoch": float(match["epoch"])}
+        for name, raw in PAIR.findall(match["pairs"]):
+            keys = LOG_NAMES.get(name)
+            if keys is None:
+                continue
+            # Pasted logs may show "±" decoded as Latin-1, i.e. "Â±".
+            parts = raw.replace("Â±", "±").split("±")
+            for key, part in zip(keys, parts, strict=False):
+                row[key] = float(part)
+    except ValueError:
+        return None
+    return row if "reward" in row else None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a .jsonl file; a torn or foreign line (a run killed mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def numeric(row: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+@dataclass
+class Run:
+    folder: Path
+    source: str
+    history: list[dict[str, float]]
+    breakdown: list[dict] = field(default_factory=list)
+    completions: list[dict] = field(default_factory=list)
+
+
+def load_run(path: Path) -> Run:
+    """Metrics from metrics.jsonl when present (every TRL metric), else from learning.log."""
+    folder = path if path.is_dir() else path.parent
+    metrics = path if path.is_file() else folder / "metrics.jsonl"
+    history = [numeric(r) for r in read_jsonl(metrics)] if metrics.suffix == ".jsonl" else []
+    history = [r for r in history if "reward" in r]
+    source = metrics.name
+    if not history:
+        log = path if path.is_file() else folder / "learning.log"
+        if not log.is_file():
+            raise SystemExit(f"analyze.py: no metrics.jsonl or learning.log in {folder}")
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        history = [row for line in lines if (row := parse_log_line(line)) is not None]
+        source = log.name
+    logs = folder / "reward_logs"
+    return Run(
+        folder,
+        source,
+        history,
+        read_jsonl(logs / "syntax_aware_breakdown.jsonl"),
+        read_jsonl(logs / "completions.jsonl"),
+    )
+
+
+def stage_counts(breakdown: Sequence[dict]) -> Counter[str]:
+    return Counter(str(row.get("stage", "unknown")) for row in breakdown)
+
+
+def share(rows: Sequence[dict], predicate) -> float | None:
+    return sum(1 for r in rows if predicate(r)) / len(rows) if rows else None
+
+
+def passes_tests(row: dict) -> bool:
+    return row.get("stage") == "passed" or (row.get("tests_passed") or 0) > 0
+
+
+def first_error_line(sample: str) -> str:
+    """The compiler's `Error: ...` line, which names the kind of error; else the sample's first line."""
+    lines = [line.strip() for line in str(sample).splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith("Error")), lines[0] if lines else "")
+
+
+def common_errors(breakdown: Sequence[dict], top: int = 5) -> list[tuple[str, int]]:
+    errors = Counter(
+        first_error_line(r["error_sample"])
+        for r in breakdown
+        if r.get("error_sample") and r.get("stage") in {"syntax_error", "type_error", "compile_error"}
+    )
+    return errors.most_common(top)
+
+
+@dataclass
+class Analysis:
+    status: str
+    decision: str
+    checks: list[Check]
+    criteria: list[Criterion]
+    markdown: str
+
+
+def _range(history: Sequence[Row], key: str) -> str:
+    values = [r[key] for r in history if key in r]
+    return f"{min(values):.3g} - {max(values):.3g}" if values else "not logged"
+
+
+def _assess(checks: Sequence[Check]) -> str:
+    judged = [c for c in checks if c.ok is not None]
+    if not judged:
+        return "not judged"
+    bad = [c for c in judged if not c.ok]
+    if not bad:
+        return "ok"
+    return "WARNING: " + ", ".join(f"{c.metric} {c.value:.3g}" for c in bad)
+
+
+def _lr_phase(history: Sequence[Row]) -> str:
+    values = [r["learning_rate"] for r in history if "learning_rate" in r]
+    if len(values) < 2:
+        return "not judged"
+    if values[-1] > values[0]:
+        return "rising (warmup)"
+    return "falling (decay)" if values[-1] < values[0] else "constant"
+
+
+def ranges_table(history: Sequence[Row], checks: dict[str, Check]) -> list[str]:
+    def pick(*names: str) -> list[Check]:
+        return [checks[n] for n in names if n in checks]
+
+    floor = monitor.reward_floor(monitor.last_epoch(history))
+    rows = [
+        ("Loss", "loss", "oscillating around 0 (normal for policy gradient)", "normal"),
+        ("Gradient norm", "grad_norm", "0.01 - 0.5", _assess(pick("grad_norm"))),
+        ("Learning rate", "learning_rate", "GRPO_LEARNING_RATE after warmup", _lr_phase(history)),
+        (
+            "Entropy",
+            "entropy",
+            "0.10 - 0.20, swing < 0.08",
+            _assess(pick("entropy_low", "entropy_high", "entropy_swing")),
+        ),
+        (
+            "Reward (mean)",
+            "reward",
+            f"> {floor:.2f} now; > 0.20 by epoch 0.5 (hoped {monitor.REWARD_TARGET_AT_HALF}), > 0.35 by 1.0",
+            _assess(pick("reward_level")),
+        ),
+        ("Reward (std)", "reward_std", "< 30% of mean", _assess(pick("reward_cv"))),
+        ("frac_zero_std", "frac_reward_zero_std", "< 0.10", _assess(pick("frac_zero_std"))),
+        ("Clipped completions", "completions/clipped_ratio", "< 0.10", _assess(pick("clipped"))),
+    ]
+    lines = ["| Metric | Range | Expected | Assessment (last steps) |", "|---|---|---|---|"]
+    for label, key, expected, assessment in rows:
+        if any(key in r for r in history):
+            lines.append(f"| {label} | {_range(history, key)} | {expected} | {assessment} |")
+    return lines
+
+
+def issues_section(bad: Sequence[Check]) -> list[str]:
+    lines = ["## Issues identified", ""]
+    if not bad:
+        return [*lines, "None: every judged metric is within its band.", ""]
+    titles = list(dict.fromkeys(c.title for c in bad))
+    for i, title in enumerate(titles, 1):
+        lines.append(f"### {i}. {title}")
+        for c in (c for c in bad if c.title == title):
+            lines.append(f"- `{c.metric}` = {c.value:.3g}, expected {c.band}: {c.meaning}.")
+        lines.append("")
+    return lines
+
+
+def actions_section(bad: Sequence[Check], decision: str) -> list[str]:
+    lines = ["## Recommended actions", ""]
+    # Several issues may call for the same change: one line naming them all, with the first reason.
+    advised: dict[str, tuple[list[str], str]] = {}
+    sources = [(c.title, a) for c in bad for a in c.advice]
+    if decision == "stop":
+        sources += [("Stop criteria hold", a) for a in monitor.CONTINGENCIES]
+    for title, (change, why) in sources:
+        titles, _ = advised.setdefault(change, ([], why))
+        if title.lower() not in titles:
+            titles.append(title.lower())
+    if not advised:
+        return [*lines, "None: keep the current settings.", ""]
+    lines.append("```bash")
+    for change, (titles, why) in advised.items():
+        prefix = "" if change.startswith("python ") else "export "
+        lines.append(f"{prefix}{change}  # {', '.join(titles)}: {why}")
+    lines += ["```", ""]
+    return lines
+
+
+def milestone_section(
+    history: Sequence[Row], checks: dict[str, Check], pass_share: float | None
+) -> list[str]:
+    epoch = monitor.last_epoch(history)
+    trend = monitor.reward_trend(history)
+    reward = monitor.mean_of(monitor.recent(history), "reward")
+    frac = checks["frac_zero_std"].value if "frac_zero_std" in checks else None
+    swing = checks["entropy_swing"].value if "entropy_swing" in checks else None
+    now = f"{pass_share:.1%}" if pass_share is not None else "n/a (no reward logs)"
+    if epoch < 0.5:
+        items = [
+            f"frac_zero_std < {monitor.FRAC_ZERO_STD_MAX:.2f} (now {_fmt(frac)})",
+            f"mean reward > 0.20 (now {_fmt(reward)})",
+            f"entropy stable: swing < {monitor.ENTROPY_SWING_MAX} (now {_fmt(swing)})",
+            f"some test passes appearing (now {now})",
+        ]
+        return ["## What to check at epoch 0.5", "", *[f"- [ ] {item}" for item in items], ""]
+    if epoch < monitor.STOP_EPOCH:
+        items = [
+            f"mean reward > 0.35 (now {_fmt(reward)})",
+            f"clear upward trend in reward (now {_fmt(trend)} per epoch)",
+            f"regular test passes, {monitor.TEST_PASS_SHARE_AT_ONE:.0%}-20% of samples (now {now})",
+        ]
+        return ["## What to check at epoch 1.0", "", *[f"- [ ] {item}" for item in items], ""]
+    return ["## Milestones", "", "Past epoch 1.0: the stop criteria below decide.", ""]
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def stop_section(history: Sequence[Row], criteria: Sequence[Criterion]) -> list[str]:
+    epoch = monitor.last_epoch(history)
+    when = "they apply now" if epoch >= monitor.STOP_EPOCH else f"they apply from epoch 1.0; now {epoch:.2f}"
+    lines = [f"## Stop criteria ({when})", "", "| Red flag | Holds | Evidence |", "|---|---|---|"]
+    for c in criteria:
+        holds = "unknown" if c.holds is None else ("YES" if c.holds else "no")
+        lines.append(f"| {c.name} | {holds} | {c.evidence} |")
+    return [*lines, ""]
+
+
+def stages_section(run: Run, gated: Check) -> list[str]:
+    rows = run.breakdown
+    counts = stage_counts(rows)
+    lines = [f"## Where completions fail ({len(rows)} scored completions)", ""]
+    lines += ["| Stage | Completions | Share |", "|---|---|---|"]
+    for stage in [*STAGES, *sorted(set(counts) - set(STAGES))]:
+        if counts[stage]:
+            lines.append(f"| {stage} | {counts[stage]} | {counts[stage] / len(rows):.1%} |")
+    compiled = sum(counts[s] for s in ("timeout", "runtime_error", "tests_failed", "passed"))
+    some = sum(1 for r in rows if r.get("stage") == "tests_failed" and (r.get("tests_passed") or 0) > 0)
+    runaway = sum(1 for r in rows if r.get("runaway_penalty_applied"))
+    lines += [
+        "",
+        f"Compiled: {compiled / len(rows):.1%}. Passed some tests: {some / len(rows):.1%}. "
+        f"Passed all tests: {counts['passed'] / len(rows):.1%}. "
+        f"Runaway penalty applied: {runaway / len(rows):.1%}.",
+        "",
+    ]
+    if gated.ok is False:
+        lines += [
+            f"**{gated.value:.0%} of recent completions were gated** (fewer non-empty lines than "
+            f"MIN_NON_EMPTY_LINES): the gate zeroes short answers even when they are correct. "
+            f"Try `{gated.advice[0][0]}`.",
+            "",
+        ]
+    errors = common_errors(rows)
+    if errors:
+        lines += ["### Most common compiler errors", "", "| Count | Error |", "|---|---|"]
+        lines += [f"| {n} | `{text.replace('|', '/')}` |" for text, n in errors]
+        lines.append("")
+    lines += ["### Examples per failure stage", ""]
+    for stage in STAGES[:-1]:
+        examples = [r for r in rows if r.get("stage") == stage][-EXAMPLES_PER_STAGE:]
+        for r in examples:
+            preview = "\n".join(str(r.get("preview", "")).splitlines()[:12])
+            lines += [
+                f"**{stage}** ({r.get('problem_id', '?')}): {r.get('reason', '')}",
+                "",
+                "```ocaml",
+                preview,
+                "```",
+            ]
+            if r.get("error_sample"):
+                lines += ["", "```text", "\n".join(str(r["error_sample"]).splitlines()[:6]), "```"]
+            lines.append("")
+    return lines
+
+
+def summary(history: Sequence[Row], status: str, bad: Sequence[Check], criteria: Sequence[Criterion]) -> str:
+    epoch = monitor.last_epoch(history)
+    if len(history) < monitor.MIN_STEPS:
+        return (
+            f"Too few steps to judge: {len(history)} logged step(s), at least {monitor.MIN_STEPS} needed. "
+            "Let the run go on and analyze again."
+        )
+    if status == "red":
+        red = "; ".join(f"{c.name} ({c.evidence})" for c in criteria if c.holds)
+        return (
+            f"**Stop.** At epoch {epoch:.2f} the stop criteria hold: {red}. More steps of this setup will "
+            "not help: try the curriculum, check the base model, or use a stronger one."
+        )
+    if status == "yellow":
+        titles = ", ".join(dict.fromkeys(c.title.lower() for c in bad))
+        milestone = 0.5 if epoch < 0.5 else 1.0
+        return (
+            f"**Struggling.** {titles[0].upper() + titles[1:]}. Apply the env changes below before "
+            f"continuing, then reassess at epoch {milestone}."
+        )
+    reward = monitor.mean_of(monitor.recent(history), "reward")
+    trend = monitor.reward_trend(history)
+    return (
+        f"**Healthy.** Mean reward {_fmt(reward)} (trend {_fmt(trend)} per epoch), every judged metric "
+        "within its band. Continue."
+    )
+
+
+def analyze(run: Run, knobs: Knobs | None = None) -> Analysis:
+    knobs = knobs or Knobs()
+    history = run.history
+    check_list = monitor.run_checks(history, knobs)
+    recent_rows = run.breakdown[-RECENT_COMPLETIONS:]
+    gated = monitor.check_gated(share(recent_rows, lambda r: r.get("stage") == "gated"), knobs)
+    if len(history) >= monitor.MIN_STEPS:
+        check_list.append(gated)
+    pass_share = share(recent_rows, passes_tests)
+    texts = [str(r.get("completion", "")) for r in run.completions[-RECENT_COMPLETIONS:]]
+    gibberish = sum(map(monitor.looks_like_gibberish, texts)) / len(texts) if texts else None
+    criteria = monitor.stop_criteria(history, pass_share, gibberish)
+    status, decision = monitor.verdict(history, check_list, criteria)
+    checks = {c.name: c for c in check_list}
+    bad = [c for c in check_list if c.ok is False]
+
+    epochs = [r["epoch"] for r in history if "epoch" in r]
+    span = f"epoch {min(epochs):.2f}-{max(epochs):.2f}" if epochs else "no steps"
+    lines = [
+        f"Status: {status}",
+        f"Decision: {decision}",
+        "",
+        f"# Training analysis - {span}",
+        "",
+        f"Run: `{run.folder}` ({len(history)} logged steps from {run.source}; checks judge the last "
+        f"{min(len(history), monitor.WINDOW)})",
+        "",
+        "## Executive summary",
+        "",
+        summary(history, status, bad, criteria),
+        "",
+    ]
+    if len(history) >= monitor.MIN_STEPS:
+        lines += ["## Metric ranges", "", *ranges_table(history, checks), ""]
+        lines += issues_section(bad)
+        lines += actions_section(bad, decision)
+        lines += milestone_section(history, checks, pass_share)
+        lines += stop_section(history, criteria)
+    if run.breakdown:
+        lines += stages_section(run, gated)
+    return Analysis(status, decision, check_list, criteria, "\n".join(lines))
+
+
+def stage_series(run: Run) -> tuple[list[float], dict[str, list[float]], str]:
+    """Stage shares over the run: from the `stages/<stage>` metrics when logged, else from the reward
+    logs in order, spread over the logged epochs (every step scores the same number of completions)."""
+    rows = [r for r in run.history if any(k.startswith("stages/") for k in r)]
+    if rows:
+        xs = [r.get("epoch", i) for i, r in enumerate(rows)]
+        return xs, {s: [r.get(f"stages/{s}", 0.0) for r in rows] for s in STAGES}, "epoch"
+    breakdown = run.breakdown
+    if not breakdown:
+        return [], {}, ""
+    chunks = min(20, len(breakdown))
+    size = len(breakdown) / chunks
+    parts = [breakdown[int(i * size) : int((i + 1) * size)] for i in range(chunks)]
+    epochs = [r["epoch"] for r in run.history if "epoch" in r]
+    lo, hi = (min(epochs), max(epochs)) if epochs else (0.0, 1.0)
+    xs = [lo + (hi - lo) * (i + 0.5) / chunks for i in range(chunks)]
+    series = {s: [sum(r.get("stage") == s for r in part) / len(part) for part in parts] for s in STAGES}
+    return xs, series, "epoch (reward logs spread evenly)"
+
+
+def save_plots(run: Run, folder: Path) -> list[Path]:
+    """PNG plots beside analysis.md; a metric nobody logged gets no plot."""
+    paths = []
+    history = run.history
+    epochs = [r.get("epoch", 0.0) for r in history]
+    xlabel = "epoch"
+    if len(set(epochs)) < len(epochs):
+        # learning.log rounds the epoch to two decimals: plot by logged step so lines do not fold back.
+        xlabel = f"logged step (epoch {min(epochs):.2f}-{max(epochs):.2f})"
+        epochs = list(range(1, len(history) + 1))
+
+    def new(title: str, ylabel: str, xlabel: str = xlabel):
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        return fig, ax
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(folder / name)
+        plt.close(fig)
+        paths.append(folder / name)
+
+    if any("reward" in r for r in history):
+        fig, ax = new("Reward (mean ± std)", "reward")
+        mean = [r.get("reward", float("nan")) for r in history]
+        std = [r.get("reward_std", 0.0) for r in history]
+        ax.plot(epochs, mean, label="mean")
+        ax.fill_between(
+            epochs,
+            [m - s for m, s in zip(mean, std, strict=True)],
+            [m + s for m, s in zip(mean, std, strict=True)],
+            alpha=0.25,
+            label="± std",
+        )
+        floor = [monitor.reward_floor(r.get("epoch", 0.0)) for r in history]
+        ax.plot(epochs, floor, "--", color="gray", label="seed's minimum")
+        ax.legend()
+        save(fig, "analysis_reward.png")
+    for key, name, low, high in (
+        ("frac_reward_zero_std", "frac_zero_std", None, monitor.FRAC_ZERO_STD_MAX),
+        ("entropy", "entropy", *monitor.ENTROPY_BAND),
+    ):
+        if any(key in r for r in history):
+            fig, ax = new(name, name)
+            ax.plot(epochs, [r.get(key, float("nan")) for r in history])
+            ax.axhspan(low or 0.0, high, color="green", alpha=0.12, label="expected band")
+            ax.legend()
+            save(fig, f"analysis_{name}.png")
+    xs, series, xlabel = stage_series(run)
+    if xs:
+        fig, ax = new("Share of completions reaching each stage", "share", xlabel)
+        ax.stackplot(xs, *series.values(), labels=list(series))
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        save(fig, "analysis_stages.png")
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "run", type=Path, help="a run folder (with learning.log or metrics.jsonl) or a learning.log"
+    )
+    args = parser.parse_args(argv)
+    if not args.run.exists():
+        parser.error(f"{args.run} does not exist")
+    run = load_run(args.run)
+    result = analyze(run)
+    plots = save_plots(run, run.folder)
+    markdown = result.markdown
+    if plots:
+        markdown += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    (run.folder / "analysis.md").write_text(markdown, encoding="utf-8")
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
