@@ -6,7 +6,7 @@ writes each program to a file and runs `ocamlc -c`, then `ocamlc -o`, then the p
 another, with no sandbox. Ours is `rewards.score_batch` on a warm worker pool (started once per training
 run), with the sandbox mode the reward would use (bwrap where it runs).
 
-    .venv/bin/python bench/reward_throughput.py [--rounds 5] [--workers 0]
+    .venv/bin/python bench/reward_throughput.py [--rounds 5] [--workers 0] [--sandbox auto]
 """
 
 import argparse
@@ -86,12 +86,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds of each; the median is shown")
     parser.add_argument("--workers", type=int, default=0, help="reward workers (0: one per core)")
+    parser.add_argument(
+        "--sandbox", default="auto", choices=("auto", "bwrap", "rlimit"), help="OCAML_SANDBOX"
+    )
     args = parser.parse_args()
     problems = [
         json.loads(line) for line in (ROOT / "data" / "problems.jsonl").read_text().splitlines() if line
     ]
     items = programs(problems)
-    cfg = rewards.RewardConfig(min_non_empty_lines=0, reward_workers=args.workers)
+    cfg = rewards.RewardConfig(min_non_empty_lines=0, reward_workers=args.workers, ocaml_sandbox=args.sandbox)
 
     # Rounds alternate between the two, so that load from other processes hits both alike.
     baseline_runs, ours_runs = [], []
