@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections import Counter
@@ -25,17 +26,8 @@ import matplotlib.pyplot as plt
 
 import monitor
 from monitor import Check, Criterion, Knobs, Row
+from rewards import STAGES
 
-STAGES = (
-    "gated",
-    "syntax_error",
-    "type_error",
-    "compile_error",
-    "timeout",
-    "runtime_error",
-    "tests_failed",
-    "passed",
-)
 RECENT_COMPLETIONS = 200  # the reward-log rows that stand for "now"
 EXAMPLES_PER_STAGE = 2
 
@@ -67,7 +59,9 @@ def parse_log_line(line: str) -> dict[str, float] | None:
             # Pasted logs may show "±" decoded as Latin-1, i.e. "Â±".
             parts = raw.replace("Â±", "±").split("±")
             for key, part in zip(keys, parts, strict=False):
-                row[key] = float(part)
+                value = float(part)
+                if math.isfinite(value):  # train.py prints a metric TRL did not log as nan
+                    row[key] = value
     except ValueError:
         return None
     return row if "reward" in row else None
@@ -89,7 +83,38 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def numeric(row: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+HEADER_SETTING = re.compile(r"^#\s+(\w+) = (\S+)")
+
+
+def read_knobs(log: Path) -> Knobs:
+    """The settings the advice changes, from the configuration train.py writes at the top of learning.log
+    (the last header wins after a resume); the seed's values for whatever is not there."""
+    found: dict[str, str] = {}
+    if log.is_file():
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+            if match := HEADER_SETTING.match(line):
+                found[match[1]] = match[2]
+    names = {
+        "temperature": ("temperature", float),
+        "num_generations": ("num_generations", int),
+        "learning_rate": ("learning_rate", float),
+        "max_completion_length": ("max_completion", int),
+        "min_non_empty_lines": ("min_non_empty_lines", int),
+    }
+    values = {}
+    for key, (field_name, kind) in names.items():
+        try:
+            values[field_name] = kind(found[key])
+        except (KeyError, ValueError):
+            continue
+    return Knobs(**values)
 
 
 @dataclass
@@ -97,6 +122,7 @@ class Run:
     folder: Path
     source: str
     history: list[dict[str, float]]
+    knobs: Knobs = field(default_factory=Knobs)
     breakdown: list[dict] = field(default_factory=list)
     completions: list[dict] = field(default_factory=list)
 
@@ -120,6 +146,7 @@ def load_run(path: Path) -> Run:
         folder,
         source,
         history,
+        read_knobs(path if path.is_file() and path.suffix != ".jsonl" else folder / "learning.log"),
         read_jsonl(logs / "syntax_aware_breakdown.jsonl"),
         read_jsonl(logs / "completions.jsonl"),
     )
@@ -135,6 +162,10 @@ def share(rows: Sequence[dict], predicate) -> float | None:
 
 def passes_tests(row: dict) -> bool:
     return row.get("stage") == "passed" or (row.get("tests_passed") or 0) > 0
+
+
+def gated_code(row: dict) -> bool:
+    return row.get("stage") == "gated" and not monitor.looks_like_gibberish(str(row.get("preview", "")))
 
 
 def first_error_line(sample: str) -> str:
@@ -192,7 +223,7 @@ def ranges_table(history: Sequence[Row], checks: dict[str, Check]) -> list[str]:
     floor = monitor.reward_floor(monitor.last_epoch(history))
     rows = [
         ("Loss", "loss", "oscillating around 0 (normal for policy gradient)", "normal"),
-        ("Gradient norm", "grad_norm", "0.01 - 0.5", _assess(pick("grad_norm"))),
+        ("Gradient norm", "grad_norm", "0.01 - 0.5", _assess(pick("grad_norm", "grad_norm_low"))),
         ("Learning rate", "learning_rate", "GRPO_LEARNING_RATE after warmup", _lr_phase(history)),
         (
             "Entropy",
@@ -312,7 +343,7 @@ def stages_section(run: Run, gated: Check) -> list[str]:
     ]
     if gated.ok is False:
         lines += [
-            f"**{gated.value:.0%} of recent completions were gated** (fewer non-empty lines than "
+            f"**{gated.value:.0%} of recent completions look like OCaml but were gated** (fewer lines than "
             f"MIN_NON_EMPTY_LINES): the gate zeroes short answers even when they are correct. "
             f"Try `{gated.advice[0][0]}`.",
             "",
@@ -368,12 +399,12 @@ def summary(history: Sequence[Row], status: str, bad: Sequence[Check], criteria:
     )
 
 
-def analyze(run: Run, knobs: Knobs | None = None) -> Analysis:
-    knobs = knobs or Knobs()
+def analyze(run: Run) -> Analysis:
+    knobs = run.knobs
     history = run.history
     check_list = monitor.run_checks(history, knobs)
     recent_rows = run.breakdown[-RECENT_COMPLETIONS:]
-    gated = monitor.check_gated(share(recent_rows, lambda r: r.get("stage") == "gated"), knobs)
+    gated = monitor.check_gated(share(recent_rows, gated_code), knobs)
     if len(history) >= monitor.MIN_STEPS:
         check_list.append(gated)
     pass_share = share(recent_rows, passes_tests)
@@ -392,8 +423,8 @@ def analyze(run: Run, knobs: Knobs | None = None) -> Analysis:
         "",
         f"# Training analysis - {span}",
         "",
-        f"Run: `{run.folder}` ({len(history)} logged steps from {run.source}; checks judge the last "
-        f"{min(len(history), monitor.WINDOW)})",
+        f"Run: `{run.folder}` ({len(history)} logged steps with rewards, from {run.source}; checks judge "
+        f"the last {min(len(history), monitor.WINDOW)})",
         "",
         "## Executive summary",
         "",

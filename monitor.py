@@ -90,7 +90,8 @@ class Knobs:
 
 
 def _short(x: float) -> str:
-    return f"{x:.2g}".replace("e-0", "e-")
+    """8e-6 rather than 8e-06 or 8.000000000000001e-06: the way people write rates in .envrc."""
+    return f"{x:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
 # The seed's contingency plans once epoch 1.0 has come without improvement.
@@ -275,6 +276,21 @@ def check_reward_level(history: Sequence[Row], knobs: Knobs) -> Check:
     )
 
 
+def check_grad_norm_low(history: Sequence[Row], knobs: Knobs) -> Check:
+    value = mean_of(recent(history), "grad_norm")
+    low = GRAD_NORM_BAND[0]
+    return Check(
+        "grad_norm_low",
+        "No learning signal",
+        "grad_norm",
+        value,
+        f">= {low:g}",
+        None if value is None else value >= low,
+        "the policy is hardly being updated, usually because every group's rewards tie",
+        ((knobs.hotter(), "more diverse samples within each group"),),
+    )
+
+
 def check_grad_norm(history: Sequence[Row], knobs: Knobs) -> Check:
     values = [float(r["grad_norm"]) for r in recent(history) if "grad_norm" in r]
     value = max(values) if values else None
@@ -313,6 +329,7 @@ CHECKS: tuple[Callable[[Sequence[Row], Knobs], Check], ...] = (
     check_entropy_high,
     check_entropy_swing,
     check_grad_norm,
+    check_grad_norm_low,
     check_clipped,
 )
 
@@ -325,15 +342,17 @@ def run_checks(history: Sequence[Row], knobs: Knobs | None = None) -> list[Check
 
 
 def check_gated(gated_share: float | None, knobs: Knobs) -> Check:
-    """The 8-line gate zeroes short but correct answers; judged from the reward logs."""
+    """The 8-line gate zeroes short but correct answers; judged from the reward logs, counting only gated
+    completions that look like code (gating gibberish is the gate doing its job)."""
     return Check(
         "gated",
         "Short answers gated",
-        "gated share",
+        "gated share (code-like completions)",
         gated_share,
         f"< {GATED_MAX:.2f}",
         None if gated_share is None else gated_share < GATED_MAX,
-        "completions shorter than MIN_NON_EMPTY_LINES get no reward even when correct",
+        "completions that look like OCaml but are shorter than MIN_NON_EMPTY_LINES get no reward, even "
+        "when correct",
         ((knobs.shorter_gate(), "let short correct answers score"),),
     )
 
