@@ -636,8 +636,9 @@ def train(
     problems = load_problems(cfg.training_dataset, warn=note)
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.model_id)
-    except OSError as err:
-        raise ConfigError(f"GRPO_MODEL_ID={cfg.model_id!r}: cannot load its tokenizer ({err})") from None
+    except (OSError, ValueError) as err:
+        reason = " ".join(str(err).split())  # transformers' messages span lines; ours are one line
+        raise ConfigError(f"GRPO_MODEL_ID={cfg.model_id!r}: cannot load its tokenizer ({reason})") from None
     dataset = build_train_dataset(problems, tokenizer, cfg, note)
     prompts_per_round = args.generation_batch_size // cfg.num_generations
     if len(dataset) < prompts_per_round:

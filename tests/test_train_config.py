@@ -219,3 +219,12 @@ def test_envrc_holds_the_seeds_recommendations() -> None:
     for line in (ROOT / ".envrc").read_text().splitlines():
         if line.startswith("export "):
             assert "#" in line, f"uncommented setting in .envrc: {line}"
+
+
+def test_model_folder_without_tokenizer_is_one_line(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    argv = ["--model-id", str(tmp_path), "--training-dataset", "data/problems.jsonl"]
+    assert main([*argv, "--output-dir", str(tmp_path / "run")], environ={}) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: GRPO_MODEL_ID={str(tmp_path)!r}: cannot load its tokenizer (")
+    assert len(err.splitlines()) == 1
