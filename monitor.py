@@ -419,7 +419,8 @@ def stop_criteria(
 
 def should_stop(history: Sequence[Row], criteria: Sequence[Criterion]) -> bool:
     """The seed stops a run at epoch 1.0 when any of its red flags holds."""
-    return last_epoch(history) >= STOP_EPOCH and any(c.holds for c in criteria)
+    enough = len(history) >= MIN_STEPS
+    return enough and last_epoch(history) >= STOP_EPOCH and any(c.holds for c in criteria)
 
 
 def verdict(

@@ -1,0 +1,234 @@
+"""The health checks against the seed's bands, and HealthMonitor inside callbacks and a real GRPO run."""
+
+import math
+from pathlib import Path
+
+import pytest
+from transformers import TrainerControl, TrainerState
+
+import monitor
+from monitor import HealthMonitor, Knobs
+
+# The seed's six log lines at epoch 0.28-0.29, as TRL names the metrics.
+SEED = [
+    (0.28, 0.0838, 0.102, 0.077, 0.155, 0.00),
+    (0.28, 0.0362, 0.066, 0.072, 0.090, 0.00),
+    (0.29, 0.0406, 0.115, 0.065, 0.165, 0.25),
+    (0.29, 0.0317, 0.084, 0.063, 0.078, 0.25),
+    (0.29, 0.0286, 0.073, 0.044, 0.103, 0.50),
+    (0.29, 0.0380, 0.113, 0.066, 0.110, 0.25),
+]
+SEED_ROWS = [
+    {"epoch": e, "grad_norm": g, "reward": r, "reward_std": s, "entropy": h, "frac_reward_zero_std": f}
+    for e, g, r, s, h, f in SEED
+]
+
+
+def row(epoch: float, reward: float, frac: float, entropy: float = 0.15, grad: float = 0.05) -> dict:
+    return {
+        "epoch": epoch,
+        "reward": reward,
+        "reward_std": 0.2 * reward,
+        "frac_reward_zero_std": frac,
+        "entropy": entropy,
+        "grad_norm": grad,
+        "loss": 0.01,
+    }
+
+
+def healthy(steps: int = 40, end: float = 1.0) -> list[dict]:
+    """Reward 0.05 -> 0.55 while frac_zero_std falls 0.4 -> 0, the seed's healthy trajectory."""
+    return [
+        row(end * i / steps, 0.05 + 0.5 * i / steps, 0.4 * (1 - i / steps) ** 3) for i in range(1, steps + 1)
+    ]
+
+
+def collapsed(steps: int = 40, end: float = 1.0) -> list[dict]:
+    return [row(end * i / steps, 0.08, 0.5, entropy=0.05, grad=0.005) for i in range(1, steps + 1)]
+
+
+def failing(checks) -> set[str]:
+    return {c.name for c in checks if c.ok is False}
+
+
+def test_reward_floor_follows_the_seed_milestones() -> None:
+    assert monitor.reward_floor(0.0) == 0.0
+    assert monitor.reward_floor(0.5) == pytest.approx(0.20)
+    assert monitor.reward_floor(0.25) == pytest.approx(0.10)
+    assert monitor.reward_floor(0.75) == pytest.approx(0.275)
+    assert monitor.reward_floor(1.0) == pytest.approx(0.35)
+    assert monitor.reward_floor(3.0) == pytest.approx(0.35)
+
+
+def test_advice_from_the_seed_values_is_the_seed_advice() -> None:
+    knobs = Knobs()
+    assert [knobs.hotter(), knobs.more_generations(), knobs.faster(), knobs.longer()] == [
+        "GRPO_TEMPERATURE=1.1",
+        "GRPO_NUM_GENERATIONS=8",
+        "GRPO_LEARNING_RATE=8e-6",
+        "GRPO_MAX_COMPLETION=600",
+    ]
+    assert knobs.shorter_gate() == "MIN_NON_EMPTY_LINES=4"
+
+
+def test_advice_steps_on_from_values_already_applied() -> None:
+    knobs = Knobs(temperature=1.1, num_generations=8, learning_rate=8e-6, max_completion=600)
+    assert knobs.hotter() == "GRPO_TEMPERATURE=1.3"
+    assert knobs.more_generations() == "GRPO_NUM_GENERATIONS=10"
+    assert knobs.faster() == "GRPO_LEARNING_RATE=1.3e-5"
+    assert knobs.longer() == "GRPO_MAX_COMPLETION=700"
+    assert Knobs(temperature=1.5).hotter() == "GRPO_TEMPERATURE=1.5"
+
+
+def test_the_seed_window_fails_exactly_the_checks_the_seed_flagged() -> None:
+    checks = {c.name: c for c in monitor.run_checks(SEED_ROWS)}
+    assert failing(checks.values()) == {"frac_zero_std", "reward_level", "reward_cv", "entropy_swing"}
+    assert checks["frac_zero_std"].value == pytest.approx(1.25 / 6)
+    assert checks["reward_cv"].value == pytest.approx(0.387 / 0.553, rel=1e-3)
+    assert checks["entropy_swing"].value == pytest.approx(0.165 - 0.078)
+    assert checks["clipped"].ok is None  # learning.log does not carry it: not judged
+
+
+def test_healthy_end_passes_every_check_and_collapse_fails_the_core_ones() -> None:
+    assert failing(monitor.run_checks(healthy())) == set()
+    assert {"frac_zero_std", "reward_level", "entropy_low", "grad_norm_low"} <= failing(
+        monitor.run_checks(collapsed())
+    )
+
+
+def test_too_few_steps_are_not_judged() -> None:
+    assert monitor.run_checks(SEED_ROWS[:4]) == []
+    assert monitor.verdict(SEED_ROWS[:4], [], []) == ("yellow", "continue")
+
+
+def test_stop_criteria_at_epoch_one() -> None:
+    history = collapsed()
+    criteria = {c.name: c.holds for c in monitor.stop_criteria(history, test_pass_share=0.0)}
+    assert criteria["mean reward < 0.15"] and criteria["frac_zero_std > 0.3"] and criteria["no test passes"]
+    assert criteria["completions are gibberish"] is None
+    assert monitor.should_stop(history, monitor.stop_criteria(history))
+    # The same collapse before epoch 1.0 is not yet a reason to stop.
+    early = collapsed(end=0.9)
+    assert not monitor.should_stop(early, monitor.stop_criteria(early))
+    assert not any(
+        c.holds for c in monitor.stop_criteria(healthy(), test_pass_share=0.2, gibberish_share=0.0)
+    )
+
+
+def test_reward_trend_is_the_least_squares_slope() -> None:
+    assert monitor.reward_trend(healthy()) == pytest.approx(0.5, rel=0.05)
+    assert monitor.reward_trend(collapsed()) == pytest.approx(0.0, abs=1e-9)
+    assert monitor.reward_trend(SEED_ROWS) is None  # 0.01 epoch: a slope there is noise
+
+
+def test_gibberish_is_random_tokens_not_short_code() -> None:
+    assert not monitor.looks_like_gibberish("let f x = x + 1\n(* END *)")
+    assert monitor.looks_like_gibberish(" raises <> Coin\x1f\ufffd\ufffd left nc falseObjcond")
+    assert monitor.looks_like_gibberish("")
+    assert monitor.looks_like_gibberish("数组 长度 " * 10 + "let")
+
+
+class Args:
+    """The knobs HealthMonitor reads from GRPOConfig."""
+
+    temperature, num_generations, learning_rate, max_completion_length = 0.9, 6, 5e-6, 512
+
+
+def replay(rows: list[dict], stop: bool = False, main: bool = True) -> tuple[list[str], TrainerControl]:
+    lines: list[str] = []
+    health = HealthMonitor(lines.append, stop_on_red_flags=stop)
+    state = TrainerState(is_world_process_zero=main)
+    control = TrainerControl()
+    for r in rows:
+        state.epoch = r["epoch"]
+        health.on_log(Args(), state, control, logs=dict(r))
+        if control.should_training_stop:
+            break
+    return lines, control
+
+
+def test_monitor_warns_once_when_a_check_turns_bad_and_once_when_it_recovers() -> None:
+    rows = collapsed(steps=15, end=0.3) + [row(0.3 + 0.01 * i, 0.3, 0.0) for i in range(1, 31)]
+    lines, _ = replay(rows)
+    frac = [line for line in lines if "frac_zero_std=" in line]
+    assert len(frac) == 2
+    assert frac[0].startswith("WARNING [Epoch 0.10] frac_zero_std=0.5 over the last")
+    assert "(expected < 0.10)" in frac[0]
+    assert "Try GRPO_TEMPERATURE=1.1 GRPO_NUM_GENERATIONS=8" in frac[0]
+    assert frac[1].startswith("OK [Epoch") and "back within < 0.10" in frac[1]
+    assert all(line.startswith(("WARNING [Epoch", "OK [Epoch")) for line in lines)
+
+
+def test_monitor_judges_nothing_before_enough_steps_and_ignores_summaries() -> None:
+    lines, _ = replay(collapsed(steps=monitor.MIN_STEPS - 1))
+    assert lines == []
+    health = HealthMonitor(lines.append, stop_on_red_flags=True)
+    health.on_log(Args(), TrainerState(), TrainerControl(), logs={"train_runtime": 3.0, "epoch": 1.0})
+    assert health.history == [] and lines == []
+
+
+def test_monitor_stops_a_collapsed_run_at_epoch_one_with_a_checkpoint() -> None:
+    lines, control = replay(collapsed(steps=40, end=2.0), stop=True)
+    assert control.should_training_stop and control.should_save
+    assert lines[-1].startswith("WARNING [Epoch 1.00] stop criteria hold: mean reward < 0.15")
+    assert lines[-1].endswith("stopping, checkpoint saved")
+
+
+def test_monitor_without_the_flag_only_says_it_would_stop() -> None:
+    lines, control = replay(collapsed(steps=40, end=2.0), stop=False)
+    assert not control.should_training_stop and not control.should_save
+    assert sum("stop criteria hold" in line for line in lines) == 1
+    assert any(line.endswith("--stop-on-red-flags would stop") for line in lines)
+
+
+def test_monitor_leaves_a_healthy_run_alone() -> None:
+    lines, control = replay(healthy(steps=40, end=2.0), stop=True)
+    assert not control.should_training_stop
+    assert not any("stop criteria" in line for line in lines)
+
+
+def test_only_the_main_process_writes_but_every_process_stops() -> None:
+    lines, control = replay(collapsed(steps=40, end=2.0), stop=True, main=False)
+    assert lines == [] and control.should_training_stop
+
+
+def test_monitor_in_a_real_grpo_run_writes_warnings_and_stops_at_epoch_one(tmp_path: Path) -> None:
+    """A constant reward is total mode collapse: the monitor must say so and stop a 3-epoch run at 1.0."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from train import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "tiny")
+    dataset = Dataset.from_list([{"prompt": f"let f{i} x ="} for i in range(8)])
+
+    def constant_reward(completions, **kwargs) -> list[float]:
+        return [0.05] * len(completions)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        num_train_epochs=3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
+    lines: list[str] = []
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=[constant_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        callbacks=[HealthMonitor(lines.append, stop_on_red_flags=True)],
+    )
+    trainer.train()
+    assert any(line.startswith("WARNING") and "frac_zero_std=1 " in line for line in lines), lines
+    assert "stop criteria hold" in lines[-1] and lines[-1].endswith("checkpoint saved")
+    assert math.isclose(trainer.state.epoch, 1.0) and trainer.state.global_step < trainer.state.max_steps
+    assert list((tmp_path / "run").glob("checkpoint-*")), "the stop must leave a checkpoint"
