@@ -150,3 +150,19 @@ def test_compiler_output_with_invalid_utf8_is_decoded():
     (result,) = score("bwrap", '  let s = "\udcff\xff" in String.length s + xs')
     assert result["stage"] == "type_error"
     assert isinstance(result["error_sample"], str) and result["error_sample"]
+
+
+def test_compiler_timeout_restarts_the_checker():
+    # Typing is fast, but the error message would print a type with 2^32 leaves.
+    bomb = (
+        "let pair x = (x, x)\n"
+        "let g x = pair (pair (pair (pair (pair (pair (pair (pair x)))))))\n"
+        "let h x = g (g (g (g x)))\n"
+        "let sum_list (xs : int list) : int = h\n"
+    )
+    cfg = rewards.RewardConfig(min_non_empty_lines=0, ocaml_compile_timeout=1.0, reward_workers=1)
+    item = {"problem": PROBLEM, "tests": TESTS}
+    (stuck,) = rewards.score_batch([{**item, "completion": bomb}], cfg)
+    assert (stuck["stage"], stuck["type_check"], stuck["compile"]) == ("timeout", 0, 0)
+    (after,) = rewards.score_batch([{**item, "completion": CORRECT + "\n(* END *)"}], cfg)
+    assert after["total_reward"] == 1.0
