@@ -1,0 +1,252 @@
+"""analyze.py on run folders written here: healthy, the seed's own log, collapsed, too few steps."""
+
+import json
+import random
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+import analyze
+
+SEED_LOG = """\
+[Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102Â±0.077  syntax_rew=0.102Â±0.078  entropy=0.155  frac_zero_std=0.00
+[Epoch 0.28]  loss=-0.0333  grad=0.0362  lr=3.58e-06  reward=0.066Â±0.072  syntax_rew=0.066Â±0.069  entropy=0.090  frac_zero_std=0.00
+[Epoch 0.29]  loss=0.0111   grad=0.0406  lr=3.57e-06  reward=0.115Â±0.065  syntax_rew=0.115Â±0.082  entropy=0.165  frac_zero_std=0.25
+[Epoch 0.29]  loss=-0.0210  grad=0.0317  lr=3.57e-06  reward=0.084Â±0.063  syntax_rew=0.084Â±0.075  entropy=0.078  frac_zero_std=0.25
+[Epoch 0.29]  loss=-0.0269  grad=0.0286  lr=3.56e-06  reward=0.073Â±0.044  syntax_rew=0.073Â±0.063  entropy=0.103  frac_zero_std=0.50
+[Epoch 0.29]  loss=-0.0109  grad=0.0380  lr=3.55e-06  reward=0.113Â±0.066  syntax_rew=0.113Â±0.084  entropy=0.110  frac_zero_std=0.25
+"""  # noqa: E501 (the seed's lines, verbatim)
+SEED_KNOBS = [
+    "GRPO_TEMPERATURE=1.1",
+    "GRPO_NUM_GENERATIONS=8",
+    "GRPO_LEARNING_RATE=8e-6",
+    "GRPO_MAX_COMPLETION=600",
+]
+HEADER = "# 2025-12-10 10:00:00  train.py started; resolved configuration:\n#   temperature = {t}  (env)\n"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def metrics_rows(steps: int, end: float, reward, frac, entropy=lambda e: 0.15, seed: int = 0) -> list[dict]:
+    """TRL-named metrics for `steps` logging steps up to epoch `end`, with a little seeded noise."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(1, steps + 1):
+        e = end * i / steps
+        r = max(reward(e) + rng.uniform(-0.01, 0.01), 0.0)
+        rows.append(
+            {
+                "step": i,
+                "epoch": e,
+                "loss": rng.uniform(-0.05, 0.05),
+                "grad_norm": rng.uniform(0.03, 0.08),
+                "learning_rate": 5e-6,
+                "reward": r,
+                "reward_std": 0.2 * r,
+                "rewards/syntax_aware_reward/mean": r,
+                "rewards/syntax_aware_reward/std": 0.2 * r,
+                "entropy": entropy(e) + rng.uniform(-0.01, 0.01),
+                "frac_reward_zero_std": frac(e),
+                "completions/clipped_ratio": 0.02,
+            }
+        )
+    return rows
+
+
+def log_line(r: dict) -> str:
+    """The learning.log line of api.md for one metrics row."""
+    mean_std = f"{r['reward']:.3f}±{r['reward_std']:.3f}"
+    return (
+        f"[Epoch {r['epoch']:.2f}]  loss={r['loss']:.4f}  grad={r['grad_norm']:.4f}  "
+        f"lr={r['learning_rate']:.2e}  reward={mean_std}  syntax_rew={mean_std}  "
+        f"entropy={r['entropy']:.3f}  frac_zero_std={r['frac_reward_zero_std']:.2f}"
+    )
+
+
+def write_run(folder: Path, rows: list[dict], *, metrics: bool = True, header: str = "") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [header.rstrip("\n")] if header else []
+    (folder / "learning.log").write_text(
+        "\n".join(lines + [log_line(r) for r in rows]) + "\n", encoding="utf-8"
+    )
+    if metrics:
+        summary = {"train_runtime": 12.0, "train_loss": 0.0, "epoch": rows[-1]["epoch"]}
+        text = "".join(json.dumps(r) + "\n" for r in [*rows, summary])
+        (folder / "metrics.jsonl").write_text(
+            text + '{"step": 99, "loss": 0.1', encoding="utf-8"
+        )  # torn tail
+    return folder
+
+
+def write_reward_logs(folder: Path, breakdowns: list[dict]) -> None:
+    logs = folder / "reward_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "syntax_aware_breakdown.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(b) + "\n" for b in breakdowns)
+    with open(logs / "completions.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(
+            json.dumps(
+                {"problem_id": b["problem_id"], "reward": b["total_reward"], "completion": b["preview"]}
+            )
+            + "\n"
+            for b in breakdowns
+        )
+
+
+def breakdown(stage: str, i: int, preview: str, error: str = "", passed: int = 0) -> dict:
+    return {
+        "problem_id": f"p{i}",
+        "total_reward": 1.0 if stage == "passed" else 0.0,
+        "stage": stage,
+        "reason": f"{stage} reason",
+        "error_sample": error,
+        "tests_passed": passed,
+        "tests_total": 3,
+        "runaway_penalty_applied": False,
+        "preview": preview,
+    }
+
+
+def healthy(folder: Path) -> Path:
+    rows = metrics_rows(60, 1.0, reward=lambda e: 0.05 + 0.5 * e, frac=lambda e: round(0.5 * (1 - e) ** 3, 2))
+    return write_run(folder, rows)
+
+
+def collapsed(folder: Path, metrics: bool = True) -> Path:
+    rows = metrics_rows(60, 1.0, reward=lambda e: 0.08, frac=lambda e: 0.5, entropy=lambda e: 0.06)
+    return write_run(folder, rows, metrics=metrics)
+
+
+def report(folder: Path) -> analyze.Analysis:
+    return analyze.analyze(analyze.load_run(folder))
+
+
+def test_parses_the_seed_lines_in_either_encoding_and_skips_the_rest() -> None:
+    for text in (SEED_LOG, SEED_LOG.replace("Â±", "±")):
+        rows = [analyze.parse_log_line(line) for line in text.splitlines()]
+        assert rows[0] == {
+            "epoch": 0.28,
+            "loss": -0.0469,
+            "grad_norm": 0.0838,
+            "learning_rate": 3.58e-06,
+            "reward": 0.102,
+            "reward_std": 0.077,
+            "rewards/syntax_aware_reward/mean": 0.102,
+            "rewards/syntax_aware_reward/std": 0.078,
+            "entropy": 0.155,
+            "frac_reward_zero_std": 0.0,
+        }
+        assert rows[2]["loss"] == 0.0111 and rows[4]["frac_reward_zero_std"] == 0.5
+    for other in (
+        "# 2025-12-10 train.py started",
+        "WARNING [Epoch 0.29] frac_zero_std=0.208 over the last 6 steps (expected < 0.10)",
+        "[Epoch 0.29]  loss=0.1  grad=nan  lr=1e-6",  # no reward: nothing to judge
+        "[Epoch x]  reward=0.1±0.0",
+        "",
+    ):
+        assert analyze.parse_log_line(other) is None
+
+
+@pytest.mark.parametrize("text", [SEED_LOG, SEED_LOG.replace("Â±", "±")], ids=["mis-decoded", "utf-8"])
+def test_the_seeds_situation_is_yellow_adjust_with_the_seeds_knobs(tmp_path: Path, text: str) -> None:
+    log = tmp_path / "learning.log"
+    log.write_text("# header\nsome line we do not know\n" + text, encoding="utf-8")
+    result = report(log)
+    assert (result.status, result.decision) == ("yellow", "adjust")
+    assert result.markdown.startswith("Status: yellow\nDecision: adjust\n")
+    for knob in SEED_KNOBS:
+        assert f"export {knob}  #" in result.markdown
+    for issue in ("Mode collapse", "Low absolute reward", "High reward variance", "Unstable entropy"):
+        assert issue in result.markdown
+    assert "| frac_zero_std | 0 - 0.5 | < 0.10 | WARNING: frac_zero_std 0.208 |" in result.markdown
+    assert "## What to check at epoch 0.5" in result.markdown
+    assert "they apply from epoch 1.0; now 0.29" in result.markdown
+
+
+def test_a_run_that_climbs_while_frac_zero_std_falls_is_green(tmp_path: Path) -> None:
+    result = report(healthy(tmp_path))
+    assert (result.status, result.decision) == ("green", "continue"), result.markdown
+    assert "**Healthy.**" in result.markdown and "export " not in result.markdown
+    assert "60 logged steps with rewards, from metrics.jsonl" in result.markdown
+
+
+def test_a_run_still_collapsed_at_epoch_one_is_red_stop(tmp_path: Path) -> None:
+    for folder, metrics in ((tmp_path / "a", True), (tmp_path / "b", False)):
+        result = report(collapsed(folder, metrics))
+        assert (result.status, result.decision) == ("red", "stop")
+        assert "**Stop.**" in result.markdown and "export REWARD_CURRICULUM=1" in result.markdown
+        assert "| mean reward < 0.15 | YES |" in result.markdown
+        assert "| frac_zero_std > 0.3 | YES |" in result.markdown
+
+
+def test_too_few_steps_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "learning.log"
+    log.write_text("".join(SEED_LOG.splitlines(keepends=True)[:3]), encoding="utf-8")
+    result = report(tmp_path)
+    assert result.markdown.startswith("Status: yellow\nDecision: continue\n")
+    assert "Too few steps to judge: 3 logged step(s), at least 5 needed" in result.markdown
+    assert "## Metric ranges" not in result.markdown
+
+
+def test_metrics_jsonl_wins_over_learning_log_and_a_log_path_reads_the_log(tmp_path: Path) -> None:
+    folder = healthy(tmp_path)
+    (folder / "learning.log").write_text(SEED_LOG, encoding="utf-8")
+    assert report(folder).status == "green"
+    assert report(folder / "learning.log").decision == "adjust"
+
+
+def test_advice_steps_from_the_runs_own_settings(tmp_path: Path) -> None:
+    (tmp_path / "learning.log").write_text(HEADER.format(t=1.1) + SEED_LOG, encoding="utf-8")
+    markdown = report(tmp_path).markdown
+    assert "export GRPO_TEMPERATURE=1.3" in markdown and "GRPO_TEMPERATURE=1.1" not in markdown
+
+
+def test_reward_logs_give_stages_errors_examples_and_the_gate_advice(tmp_path: Path) -> None:
+    folder = healthy(tmp_path)
+    short = "let is_even n =\n  n mod 2 = 0\n(* END *)"
+    unbound = 'File "solution.ml", line 3, characters 4-7:\nError: Unbound value foo'
+    rows = (
+        [breakdown("gated", i, short) for i in range(40)]
+        + [breakdown("type_error", i, "let f x = x +. 1", unbound) for i in range(30)]
+        + [breakdown("syntax_error", i, "let f x = (", "Error: Syntax error") for i in range(10)]
+        + [breakdown("tests_failed", i, "let f x = x", passed=1) for i in range(10)]
+        + [breakdown("passed", i, "let f x = x + 1", passed=3) for i in range(10)]
+    )
+    write_reward_logs(folder, rows)
+    result = report(folder)
+    markdown = result.markdown
+    assert "## Where completions fail (100 scored completions)" in markdown
+    assert "| gated | 40 | 40.0% |" in markdown and "| type_error | 30 | 30.0% |" in markdown
+    assert "Compiled: 20.0%. Passed some tests: 10.0%. Passed all tests: 10.0%." in markdown
+    assert "| 30 | `Error: Unbound value foo` |" in markdown
+    assert "look like OCaml but were gated" in markdown and "export MIN_NON_EMPTY_LINES=4" in markdown
+    assert "**type_error** (p29)" in markdown
+    assert (result.status, result.decision) == ("yellow", "adjust")
+
+
+def test_gated_gibberish_is_not_blamed_on_the_gate(tmp_path: Path) -> None:
+    folder = healthy(tmp_path)
+    write_reward_logs(folder, [breakdown("gated", i, "\x1f\ufffd raises <> Coin nc") for i in range(50)])
+    result = report(folder)
+    assert "MIN_NON_EMPTY_LINES" not in result.markdown
+    criteria = {c.name: c.holds for c in result.criteria}
+    assert criteria["completions are gibberish"] and criteria["no test passes"]
+
+
+def test_cli_writes_analysis_md_and_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = healthy(tmp_path)
+    write_reward_logs(folder, [breakdown("passed", i, "let f x = x") for i in range(20)])
+    assert analyze.main([str(folder)]) == 0
+    printed = capsys.readouterr().out
+    written = (folder / "analysis.md").read_text(encoding="utf-8")
+    assert printed.strip() == written.strip() and written.startswith("Status: green\nDecision: continue\n")
+    for name in ("reward", "frac_zero_std", "entropy", "stages"):
+        png = folder / f"analysis_{name}.png"
+        assert png.read_bytes().startswith(PNG_MAGIC), name
+        assert matplotlib.image.imread(png).shape[0] > 100
+        assert f"![analysis_{name}](analysis_{name}.png)" in written
+
+
+def test_cli_refuses_a_folder_without_logs(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"no metrics\.jsonl or learning\.log"):
+        analyze.main([str(tmp_path)])
