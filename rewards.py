@@ -175,7 +175,8 @@ TYPE_NAME = re.compile(rf"^(?:type|and)\s+(?:nonrec\s+)?(?:'\w+\s+|\([^)]*\)\s+)
 FENCE_OPEN = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n")
 FENCE_CLOSE = re.compile(r"^[ \t]*```", re.M)
 TOP_LEVEL = re.compile(r"^(?:let|type|module|exception|open|include|external|class|\(\*)\b", re.M)
-PROSE = re.compile(r"^[A-Z][\w']*(?:[ \t]+[\w',()`-]+)+[ \t]*[:.!]?[ \t]*$")
+PROSE = re.compile(r"^[A-Z][\w'!,]*(?:[ \t]+[\w',()`!-]+)+[ \t]*[:.!]?[ \t]*$")
+ENGLISH = re.compile(r"\b(?:is|are|the|here|this|solution|code|answer|implementation|following|sure)\b", re.I)
 
 
 @dataclass(frozen=True)
@@ -224,10 +225,15 @@ def extract_code(text: str) -> str:
         code = code[: close.start()] if close else code
     else:
         lines = text.split("\n")
-        while lines and (not lines[0].strip() or PROSE.match(lines[0].strip())):
+        while lines and (not lines[0].strip() or _is_prose(lines[0].strip())):
             lines.pop(0)
         code = "\n".join(lines)
     return code.split(END_MARKER, 1)[0].rstrip()
+
+
+def _is_prose(line: str) -> bool:
+    """A sentence such as "Here is the solution:" (a line of code like `Some (f x)` is not one)."""
+    return bool(PROSE.match(line)) and (line[-1] in ":.!" or bool(ENGLISH.search(line)))
 
 
 def _drop_repeated_types(code: str, type_names: frozenset[str]) -> str:

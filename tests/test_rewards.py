@@ -74,6 +74,19 @@ def test_problem_types_are_kept_and_repeated_ones_dropped():
     assert parsed.type_names and all(f"type {name}" in parsed.types for name in parsed.type_names)
 
 
+def test_extract_code_drops_prose_but_not_code():
+    assert (
+        rewards.extract_code("Sure! Here is the code:\n\n  Some (f x y)\n(* END *)\nHope it helps.")
+        == "  Some (f x y)"
+    )
+    assert rewards.extract_code("Some (f x y)") == "Some (f x y)"
+    assert rewards.extract_code("Intro.\n```ocaml\nlet x = 1\n(* END *)\n```\nMore text") == "let x = 1"
+    assert rewards.extract_code("```\nlet x = 1\n") == "let x = 1"  # cut before the closing fence
+    assert rewards.ends_with_marker("code\n(* END *)\n```\n  ") and not rewards.ends_with_marker(
+        "(* END *) x"
+    )
+
+
 def test_missing_end_marker_loses_only_the_structural_part():
     p = PROBLEMS[0]
     result = score_completion(p["prompt"], p["tests"], p["solution"], cfg=NO_GATE)

@@ -166,3 +166,31 @@ def test_compiler_timeout_restarts_the_checker():
     assert (stuck["stage"], stuck["type_check"], stuck["compile"]) == ("timeout", 0, 0)
     (after,) = rewards.score_batch([{**item, "completion": CORRECT + "\n(* END *)"}], cfg)
     assert after["total_reward"] == 1.0
+
+
+def runner_uid_processes() -> list[str]:
+    """Host processes running as one of the runner uids, other than the runners themselves."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        uid = int(text.split("Uid:")[1].split()[0])
+        name = text.split("Name:")[1].split()[0]
+        if ocaml_sandbox.RUNNER_UID_BASE <= uid < ocaml_sandbox.RUNNER_UID_BASE + 16 and name not in (
+            "ocamlrun",
+            "runner.byte",
+        ):
+            found.append(name)
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the runner uid exists only when the trainer is root")
+def test_fork_bomb_is_capped_and_swept():
+    bomb = '  ignore (Sys.command ":(){ :|:& };:"); List.fold_left ( + ) 0 xs'
+    (result,) = score("bwrap", bomb)
+    assert result["tests_passed"] <= 4
+    assert runner_uid_processes() == []
+    (after,) = score("bwrap", CORRECT)
+    assert after["total_reward"] == 1.0
