@@ -616,16 +616,15 @@ def train(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
+    from monitor import HealthMonitor
+
     # GRPOConfig sets up the distributed state, so it comes before anything that asks for the main process.
     args = grpo_args(cfg, use_bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     is_main = args.process_index == 0
     log_path, metrics_path = output_dir / "learning.log", output_dir / "metrics.jsonl"
     output_dir.mkdir(parents=True, exist_ok=True)
-    note = (
-        (lambda text: (print(text), append_log_line(log_path, f"# {text}")))
-        if is_main
-        else (lambda text: None)
-    )
+    write_line = (lambda text: append_log_line(log_path, text)) if is_main else (lambda text: None)
+    note = (lambda text: (print(text), write_line(f"# {text}"))) if is_main else write_line
     if is_main:
         write_header(log_path, cfg, sources, resume_from.name if resume_from else None)
     note(
@@ -658,7 +657,11 @@ def train(
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=lora_config(cfg),
-            callbacks=[_learning_log_callback(log_path, metrics_path, reward.__name__)],
+            # The step line first, then the monitor's WARNING/OK lines about it.
+            callbacks=[
+                _learning_log_callback(log_path, metrics_path, reward.__name__),
+                HealthMonitor(write_line, cfg.stop_on_red_flags),
+            ],
         )
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         adapter_dir = output_dir / "adapter"

@@ -52,6 +52,8 @@ def test_demo_writes_every_output_in_the_seeds_formats(tmp_path: Path) -> None:
     lines = step_lines(out / "learning.log")
     assert len(lines) == 30
     assert all(STEP_LINE.match(line) for line in lines), lines[:3]
+    # The run-health monitor is wired in: a random model's groups all tie, and it says so.
+    assert re.search(r"^WARNING \[Epoch [\d.]+\] frac_zero_std=1 ", log, re.M)
 
     metrics = jsonl(out / "metrics.jsonl")
     steps = [m for m in metrics if "loss" in m]
