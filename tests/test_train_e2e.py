@@ -124,3 +124,20 @@ def test_two_processes_under_accelerate_launch(tiny_model: Path, tmp_path: Path)
     assert len(jsonl(out / "reward_logs" / "completions.jsonl")) == 8
     assert "distributed type: MULTI_CPU" in log and "processes: 2" in log
     assert (out / "adapter" / "adapter_config.json").is_file()
+
+
+def test_stop_on_red_flags_ends_the_run_with_a_checkpoint(tiny_model: Path, tmp_path: Path) -> None:
+    # Four problems make an epoch of 4 steps, so the seed's epoch-1.0 stop criteria are judged early;
+    # a random model earns nothing, which is a red flag.
+    rows = [json.loads(line) for line in BUNDLED_PROBLEMS.read_text().splitlines()[:4]]
+    small = tmp_path / "four.jsonl"
+    small.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "stopped"
+    argv = [*quick_settings(tiny_model, out, steps=40), "--training-dataset", str(small)]
+    assert main([*argv, "--num-epochs", "20", "--save-steps", "100", "--stop-on-red-flags", "1"], {}) == 0
+    log = (out / "learning.log").read_text(encoding="utf-8")
+    assert re.search(r"^WARNING \[Epoch [\d.]+\] stop criteria hold: ", log, re.M)
+    last_step = max(m["step"] for m in jsonl(out / "metrics.jsonl") if "loss" in m)
+    assert last_step < 40
+    assert (out / f"checkpoint-{last_step}").is_dir()  # saved on the way out, not on the schedule
+    assert (out / "adapter" / "adapter_config.json").is_file()
