@@ -175,6 +175,14 @@ def reward_trend(history: Sequence[Row]) -> float | None:
     return sum((e - mx) * (y - my) for e, y in points) / var
 
 
+def diversity_advice(history: Sequence[Row], knobs: Knobs) -> tuple[str, str]:
+    """A hotter sampler, unless the samples are already random: then the base model is the suspect."""
+    entropy = mean_of(recent(history), "entropy")
+    if entropy is not None and entropy > ENTROPY_BAND[1]:
+        return ("python test_base_model.py", "samples are already random; check what the base model can do")
+    return (knobs.hotter(), "more diverse samples within each group")
+
+
 def check_frac_zero_std(history: Sequence[Row], knobs: Knobs) -> Check:
     value = mean_of(recent(history), "frac_reward_zero_std")
     return Check(
@@ -186,7 +194,7 @@ def check_frac_zero_std(history: Sequence[Row], knobs: Knobs) -> Check:
         None if value is None else value < FRAC_ZERO_STD_MAX,
         "groups whose completions all score the same give GRPO no learning signal",
         (
-            (knobs.hotter(), "more diverse samples within each group"),
+            diversity_advice(history, knobs),
             (knobs.more_generations(), "more samples per prompt, so fewer groups tie"),
         ),
     )
@@ -269,7 +277,7 @@ def check_reward_level(history: Sequence[Row], knobs: Knobs) -> Check:
         "Low absolute reward",
         "reward",
         value,
-        f"> {floor:.2f} at epoch {epoch:.2f} (> 0.20 by 0.5, > 0.35 by 1.0)",
+        f"> {floor:.2f} at epoch {epoch:.2f}; > 0.20 by 0.5, > 0.35 by 1.0",
         None if value is None else value > floor,
         "the run is behind the seed's trajectory",
         advice,
@@ -287,7 +295,7 @@ def check_grad_norm_low(history: Sequence[Row], knobs: Knobs) -> Check:
         f">= {low:g}",
         None if value is None else value >= low,
         "the policy is hardly being updated, usually because every group's rewards tie",
-        ((knobs.hotter(), "more diverse samples within each group"),),
+        (diversity_advice(history, knobs),),
     )
 
 

@@ -232,3 +232,12 @@ def test_monitor_in_a_real_grpo_run_writes_warnings_and_stops_at_epoch_one(tmp_p
     assert "stop criteria hold" in lines[-1] and lines[-1].endswith("checkpoint saved")
     assert math.isclose(trainer.state.epoch, 1.0) and trainer.state.global_step < trainer.state.max_steps
     assert list((tmp_path / "run").glob("checkpoint-*")), "the stop must leave a checkpoint"
+
+
+def test_random_samples_point_at_the_base_model_not_a_hotter_sampler() -> None:
+    """A model that samples noise (the demo's random model: entropy 7.6) ties because nothing scores."""
+    noise = [row(0.01 * i, 0.0, 1.0, entropy=7.6, grad=0.0) for i in range(1, 11)]
+    checks = {c.name: c for c in monitor.run_checks(noise)}
+    changes = [change for c in checks.values() if c.ok is False for change, _ in c.advice]
+    assert "python test_base_model.py" in changes and "GRPO_TEMPERATURE=0.8" in changes
+    assert "GRPO_TEMPERATURE=1.1" not in changes
