@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-k", type=int, default=4, help="completions sampled per problem (default 4)")
     parser.add_argument("--seed", type=int, default=0, help="picks the problems and seeds the sampling")
     parser.add_argument(
-        "--out", type=Path, default=Path("base_model_eval.jsonl"), help="completions + scores"
+        "--out", type=Path, help="completions and scores (default: GRPO_OUTPUT_DIR/base_model_eval.jsonl)"
     )
     args = parser.parse_args(argv)
     if args.n < 1 or args.k < 1:
@@ -174,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    with open(args.out, "w", encoding="utf-8") as f:
+    out = args.out or Path(cfg.output_dir) / "base_model_eval.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
         for label, rows in results.items():
             f.writelines(json.dumps({"model": label, **r}, default=str) + "\n" for r in rows)
     summaries = {label: summarize(rows, args.k) for label, rows in results.items()}
@@ -192,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"adapter effect: pass@1 {100 * (tuned['pass@1'] - base['pass@1']):+.1f} points, "
             f"mean reward {tuned['mean_reward'] - base['mean_reward']:+.3f}"
         )
-    print(f"completions and scores: {args.out}")
+    print(f"completions and scores: {out}")
     return 0
 
 
