@@ -168,15 +168,19 @@ def gated_code(row: dict) -> bool:
     return row.get("stage") == "gated" and not monitor.looks_like_gibberish(str(row.get("preview", "")))
 
 
-def first_error_line(sample: str) -> str:
-    """The compiler's `Error: ...` line, which names the kind of error; else the sample's first line."""
-    lines = [line.strip() for line in str(sample).splitlines() if line.strip()]
-    return next((line for line in lines if line.startswith("Error")), lines[0] if lines else "")
+ERROR_PLACE = re.compile(r"^(?:File \"[^\"]*\", )?line \d+(?:, characters \d+-\d+)?:\s*(?:Error:\s*)?")
+
+
+def error_kind(sample: str) -> str:
+    """The compiler's message without place or hint, so one error on different lines counts once."""
+    text = " ".join(str(sample).split())
+    text = ERROR_PLACE.sub("", text).removeprefix("Error: ")
+    return text.split(" Hint:")[0]
 
 
 def common_errors(breakdown: Sequence[dict], top: int = 5) -> list[tuple[str, int]]:
     errors = Counter(
-        first_error_line(r["error_sample"])
+        error_kind(r["error_sample"])
         for r in breakdown
         if r.get("error_sample") and r.get("stage") in {"syntax_error", "type_error", "compile_error"}
     )

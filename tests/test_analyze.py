@@ -204,11 +204,11 @@ def test_advice_steps_from_the_runs_own_settings(tmp_path: Path) -> None:
 def test_reward_logs_give_stages_errors_examples_and_the_gate_advice(tmp_path: Path) -> None:
     folder = healthy(tmp_path)
     short = "let is_even n =\n  n mod 2 = 0\n(* END *)"
-    unbound = 'File "solution.ml", line 3, characters 4-7:\nError: Unbound value foo'
+    unbound = ["line 3: Unbound value foo Hint: Did you mean fo?", "line 9: Unbound value foo"]
     rows = (
         [breakdown("gated", i, short) for i in range(40)]
-        + [breakdown("type_error", i, "let f x = x +. 1", unbound) for i in range(30)]
-        + [breakdown("syntax_error", i, "let f x = (", "Error: Syntax error") for i in range(10)]
+        + [breakdown("type_error", i, "let f x = x +. 1", unbound[i % 2]) for i in range(30)]
+        + [breakdown("syntax_error", i, "let f x = (", f"line {i}: Syntax error") for i in range(10)]
         + [breakdown("tests_failed", i, "let f x = x", passed=1) for i in range(10)]
         + [breakdown("passed", i, "let f x = x + 1", passed=3) for i in range(10)]
     )
@@ -218,7 +218,7 @@ def test_reward_logs_give_stages_errors_examples_and_the_gate_advice(tmp_path: P
     assert "## Where completions fail (100 scored completions)" in markdown
     assert "| gated | 40 | 40.0% |" in markdown and "| type_error | 30 | 30.0% |" in markdown
     assert "Compiled: 20.0%. Passed some tests: 10.0%. Passed all tests: 10.0%." in markdown
-    assert "| 30 | `Error: Unbound value foo` |" in markdown
+    assert "| 30 | `Unbound value foo` |" in markdown and "| 10 | `Syntax error` |" in markdown
     assert "look like OCaml but were gated" in markdown and "export MIN_NON_EMPTY_LINES=4" in markdown
     assert "**type_error** (p29)" in markdown
     assert (result.status, result.decision) == ("yellow", "adjust")
