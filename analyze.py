@@ -172,7 +172,7 @@ ERROR_PLACE = re.compile(r"^(?:File \"[^\"]*\", )?line \d+(?:, characters \d+-\d
 
 
 def error_kind(sample: str) -> str:
-    """The compiler's message without place or hint, so one error on different lines counts once."""
+    """The compiler's message without place or hint, so one kind of error counts together."""
     text = " ".join(str(sample).split())
     text = ERROR_PLACE.sub("", text).removeprefix("Error: ")
     return text.split(" Hint:")[0]
