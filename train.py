@@ -222,11 +222,14 @@ def parse_config(
             f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("env") in DEMO_SETTINGS
         }
         sources = {k: "demo" if k in demo_fields and v != "flag" else v for k, v in sources.items()}
-    check_config(cfg, world_size=int(environ.get("WORLD_SIZE", "1")))
+        if sources["model_id"] != "flag":  # run_demo builds it there
+            cfg = dataclasses.replace(cfg, model_id=str(Path(cfg.output_dir) / "tiny-model"))
+            sources["model_id"] = "demo"
+    check_config(cfg, sources, world_size=int(environ.get("WORLD_SIZE", "1")))
     return cfg, sources
 
 
-def check_config(cfg: TrainConfig, world_size: int) -> None:
+def check_config(cfg: TrainConfig, sources: Mapping[str, str], world_size: int) -> None:
     """The checks that involve more than one setting, or the file system; each fails with one line."""
     global_batch = cfg.per_device_train_batch_size * world_size
     if cfg.generation_batch_size is not None and (
@@ -238,7 +241,8 @@ def check_config(cfg: TrainConfig, world_size: int) -> None:
             f"({global_batch}), or none"
         )
     model_path = Path(cfg.model_id).expanduser()
-    if _looks_local(cfg.model_id) and not (model_path / "config.json").is_file():
+    model_missing = not (model_path / "config.json").is_file() and sources["model_id"] != "demo"
+    if _looks_local(cfg.model_id) and model_missing:
         raise ConfigError(f"GRPO_MODEL_ID={cfg.model_id!r}: no model directory (config.json) there")
     if _looks_local(cfg.training_dataset) and not Path(cfg.training_dataset).expanduser().exists():
         raise ConfigError(f"TRAINING_DATASET={cfg.training_dataset!r}: no such file or folder")
@@ -676,12 +680,14 @@ def train(
 
 
 def run_demo(cfg: TrainConfig, sources: dict[str, str], args: argparse.Namespace) -> None:
+    import torch
+
     started = time.monotonic()
-    if sources["model_id"] != "flag":
-        model_dir = Path(cfg.output_dir) / "tiny-model"
-        if not (model_dir / "config.json").is_file():
-            build_tiny_model(model_dir)
-        cfg = dataclasses.replace(cfg, model_id=str(model_dir))
+    # The tiny model gains nothing from a second thread, and busy-waiting threads make it several times
+    # slower when the cores are shared (CI runs other tests beside it).
+    torch.set_num_threads(1)
+    if sources["model_id"] == "demo" and not (Path(cfg.model_id) / "config.json").is_file():
+        build_tiny_model(Path(cfg.model_id))
     adapter_dir = train(cfg, sources, resume=args.resume, merge_to=args.merge_to)
     out = Path(cfg.output_dir).resolve()
     checkpoint = latest_checkpoint(out)

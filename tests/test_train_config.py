@@ -175,6 +175,7 @@ def test_demo_settings_beat_env_but_not_flags(capsys) -> None:
     assert shown["max_steps"] == {"value": 3, "source": "flag"}
     assert shown["max_completion_length"]["source"] == "demo"
     assert shown["output_dir"] == {"value": "grpo_runs/demo", "source": "demo"}
+    assert shown["model_id"] == {"value": "grpo_runs/demo/tiny-model", "source": "demo"}
 
 
 def test_help_lists_every_setting_with_env_and_default(monkeypatch) -> None:

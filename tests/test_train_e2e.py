@@ -7,12 +7,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from train import BUNDLED_PROBLEMS, ROOT, main
 
 STEP_LINE = re.compile(
     r"^\[Epoch \d+\.\d\d\]  loss=-?\d+\.\d{4} *  grad=\d+\.\d{4}  lr=\d\.\d\de[-+]\d\d  "
     r"reward=\d\.\d{3}±\d\.\d{3}  syntax_rew=\d\.\d{3}±\d\.\d{3}  entropy=\d+\.\d{3}  frac_zero_std=\d\.\d\d$"
 )
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """As the demo does: the tiny model gains nothing from more threads, and they contend with the suite."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def step_lines(log: Path) -> list[str]:
