@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -610,9 +611,15 @@ def train(
 ) -> Path:
     """Run GRPO and return the adapter folder; whatever can be refused is refused before the model loads."""
     output_dir = Path(cfg.output_dir)
-    resume_from = latest_checkpoint(output_dir) if resume else None
-    if resume and resume_from is None:
+    last = latest_checkpoint(output_dir)
+    if resume and last is None:
         raise ConfigError(f"--resume: no checkpoint-* folder in GRPO_OUTPUT_DIR={cfg.output_dir!r}")
+    if not resume and last is not None:  # a second run would overwrite its checkpoints and mix the logs
+        raise ConfigError(
+            f"GRPO_OUTPUT_DIR={cfg.output_dir!r} holds {last.name} of an earlier run: pass --resume to "
+            "continue it, or choose another GRPO_OUTPUT_DIR"
+        )
+    resume_from = last if resume else None
     check_toolchain()
     check_few_shot(cfg)
 
@@ -683,6 +690,8 @@ def run_demo(cfg: TrainConfig, sources: dict[str, str], args: argparse.Namespace
     import torch
 
     started = time.monotonic()
+    if sources["output_dir"] == "demo" and not args.resume:
+        shutil.rmtree(cfg.output_dir, ignore_errors=True)  # each `make demo` starts afresh in its own folder
     # The tiny model gains nothing from a second thread, and busy-waiting threads make it several times
     # slower when the cores are shared (CI runs other tests beside it).
     torch.set_num_threads(1)

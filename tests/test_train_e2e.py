@@ -88,12 +88,18 @@ def test_demo_writes_every_output_in_the_seeds_formats(tmp_path: Path) -> None:
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
 
 
-def test_resume_appends_to_the_log_and_merge_writes_a_full_model(tiny_model: Path, tmp_path: Path) -> None:
+def test_resume_appends_to_the_log_and_merge_writes_a_full_model(
+    tiny_model: Path, tmp_path: Path, capsys
+) -> None:
     out = tmp_path / "run"
     assert main(quick_settings(tiny_model, out, steps=2), environ={}) == 0
     first_part = (out / "learning.log").read_text(encoding="utf-8")
     assert len(step_lines(out / "learning.log")) == 2
     assert (out / "checkpoint-2").is_dir()
+    capsys.readouterr()
+    assert main(quick_settings(tiny_model, out, steps=4), environ={}) == 2  # forgot --resume: refused
+    assert capsys.readouterr().err.startswith(f"error: GRPO_OUTPUT_DIR={str(out)!r} holds checkpoint-2 of")
+    assert (out / "learning.log").read_text(encoding="utf-8") == first_part
 
     merged = tmp_path / "merged"
     argv = [*quick_settings(tiny_model, out, steps=4), "--resume", "--merge-to", str(merged)]
