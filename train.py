@@ -590,6 +590,9 @@ def grpo_args(cfg: TrainConfig, use_bf16: bool):
         use_vllm=cfg.use_vllm,
         vllm_mode=cfg.vllm_mode,
         bf16=use_bf16,
+        # Load the weights in the dtype they were saved in (bf16 for Qwen2.5) rather than TRL's float32:
+        # half the memory, and generation, which runs outside autocast, at bf16 speed.
+        model_init_kwargs={"dtype": "auto"},
     )
 
 
