@@ -128,13 +128,17 @@ def parse_value(cls: type, f: dataclasses.Field, raw: str) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One `--flag VALUE` per setting; values stay raw strings so that flags and env parse alike."""
+    """One `--flag VALUE` per setting; values stay raw strings so that flags and env parse alike.
+    A boolean flag given bare means true (`--stop-on-red-flags`)."""
     for f in _settings(cls):
         env = f.metadata["env"]
+        is_bool = _base_type(cls, f)[0] is bool
         parser.add_argument(
             flag_of(env),
             dest=f.name,
             default=None,
+            nargs="?" if is_bool else None,
+            const="true" if is_bool else None,
             metavar="VALUE",
             help=f"{f.metadata['help']} [env {env}, default {_shown(f.default)}]",
         )

@@ -54,6 +54,8 @@ def test_bad_values_name_the_variable(env: str, raw: str, message: str) -> None:
 def test_optional_and_bool_values() -> None:
     cfg, _ = resolved([], {"GRPO_BETA": "none", "REWARD_CURRICULUM": "1"})
     assert cfg.beta is None and cfg.curriculum is True
+    assert resolved(["--reward-curriculum"], {})[0].curriculum is True
+    assert resolved(["--reward-curriculum", "0"], {"REWARD_CURRICULUM": "1"})[0].curriculum is False
 
 
 def test_markdown_table_lists_every_setting() -> None:
