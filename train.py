@@ -74,19 +74,13 @@ class TrainConfig(RewardConfig):
         "grpo_runs", "GRPO_OUTPUT_DIR", "learning.log, metrics.jsonl, reward_logs/, checkpoints, adapter"
     )
     per_device_train_batch_size: int = setting(
-        4, "GRPO_BATCH_SIZE", "completions per device in one optimizer step", low=1
+        4, "GRPO_BATCH_SIZE", "prompts per device per step; also completions per forward/backward pass", low=1
     )
     gradient_accumulation_steps: int = setting(
-        1, "GRPO_GRAD_ACCUM_STEPS", "micro-batches per optimizer step", low=1
+        1, "GRPO_GRAD_ACCUM_STEPS", "multiplies the prompts of one optimizer step", low=1
     )
     num_generations: int = setting(
         6, "GRPO_NUM_GENERATIONS", "completions sampled per prompt (the group)", low=2
-    )
-    generation_batch_size: int | None = setting(
-        None,
-        "GRPO_GENERATION_BATCH_SIZE",
-        "completions sampled per round; none = batch x generations x grad accum x processes",
-        low=1,
     )
     max_prompt_length: int = setting(
         704, "GRPO_MAX_PROMPT", "prompt tokens after the chat template; longer problems are dropped", low=1
@@ -173,12 +167,11 @@ DEMO_SETTINGS = {
     "GRPO_BATCH_SIZE": "4",
     "GRPO_GRAD_ACCUM_STEPS": "1",
     "GRPO_NUM_GENERATIONS": "6",
-    "GRPO_GENERATION_BATCH_SIZE": "none",
     "GRPO_MAX_PROMPT": "704",
     "GRPO_MAX_COMPLETION": "48",
-    "GRPO_MAX_STEPS": "30",
+    "GRPO_MAX_STEPS": "20",
     "GRPO_LEARNING_RATE": "1e-4",
-    "GRPO_SAVE_STEPS": "15",
+    "GRPO_SAVE_STEPS": "10",
     "GRPO_SAVE_TOTAL_LIMIT": "2",
     "GRPO_USE_VLLM": "0",
     "GRPO_REPORT_TO": "none",
@@ -226,21 +219,12 @@ def parse_config(
         if sources["model_id"] != "flag":  # run_demo builds it there
             cfg = dataclasses.replace(cfg, model_id=str(Path(cfg.output_dir) / "tiny-model"))
             sources["model_id"] = "demo"
-    check_config(cfg, sources, world_size=int(environ.get("WORLD_SIZE", "1")))
+    check_paths(cfg, sources)
     return cfg, sources
 
 
-def check_config(cfg: TrainConfig, sources: Mapping[str, str], world_size: int) -> None:
-    """The checks that involve more than one setting, or the file system; each fails with one line."""
-    global_batch = cfg.per_device_train_batch_size * world_size
-    if cfg.generation_batch_size is not None and (
-        cfg.generation_batch_size % cfg.num_generations or cfg.generation_batch_size % global_batch
-    ):
-        raise ConfigError(
-            f"GRPO_GENERATION_BATCH_SIZE={cfg.generation_batch_size}: expected a multiple of "
-            f"GRPO_NUM_GENERATIONS ({cfg.num_generations}) and of GRPO_BATCH_SIZE x processes "
-            f"({global_batch}), or none"
-        )
+def check_paths(cfg: TrainConfig, sources: Mapping[str, str]) -> None:
+    """Local model and dataset paths must exist; each failure is one line."""
     model_path = Path(cfg.model_id).expanduser()
     model_missing = not (model_path / "config.json").is_file() and sources["model_id"] != "demo"
     if _looks_local(cfg.model_id) and model_missing:
@@ -441,26 +425,14 @@ def _learning_log_callback(log_path: Path, metrics_path: Path, reward_name: str)
     from transformers import TrainerCallback
 
     class LearningLog(TrainerCallback):
-        """learning.log lines and metrics.jsonl rows from every TRL log event (main process only).
-
-        TRL logs the reward metrics once per generation round, and one round feeds several optimizer steps,
-        so a step without fresh reward metrics shows those of the round it trained on.
-        """
-
-        def __init__(self) -> None:
-            self.round_metrics: dict[str, Any] = {}
+        """learning.log lines and metrics.jsonl rows from every TRL log event (main process only)."""
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs:
                 return
             append_log_line(metrics_path, json.dumps({"step": state.global_step, **logs}))
-            if "loss" not in logs:  # the end-of-training summary has train_loss etc. instead
-                return
-            if "reward" in logs:
-                self.round_metrics = {
-                    k: v for k, v in logs.items() if k.startswith(("reward", "frac_reward"))
-                }
-            append_log_line(log_path, format_log_line({**self.round_metrics, **logs}, reward_name))
+            if "loss" in logs:  # the end-of-training summary has train_loss etc. instead
+                append_log_line(log_path, format_log_line(logs, reward_name))
 
     return LearningLog()
 
@@ -557,20 +529,15 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 def grpo_args(cfg: TrainConfig, use_bf16: bool):
     from trl import GRPOConfig
 
-    # TRL samples one generation batch per round and needs it to hold whole groups. By default a round is
-    # batch x grad accum x processes prompts, each sampled num_generations times (the seed's 4 x 6 = 24),
-    # and feeds num_generations optimizer steps.
-    generation = (
-        {"generation_batch_size": cfg.generation_batch_size}
-        if cfg.generation_batch_size is not None
-        else {"steps_per_generation": cfg.num_generations * cfg.gradient_accumulation_steps}
-    )
+    # The seed's step: GRPO_BATCH_SIZE prompts x GRPO_NUM_GENERATIONS completions, sampled in one round
+    # (TRL needs a round to hold whole groups) and trained in passes of GRPO_BATCH_SIZE completions. TRL
+    # samples a round every gradient_accumulation_steps passes, so every optimizer step gets fresh rewards
+    # and any batch works with any group size.
     return GRPOConfig(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps * cfg.num_generations,
         num_generations=cfg.num_generations,
-        **generation,
         max_completion_length=cfg.max_completion_length,
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps or -1,
@@ -657,7 +624,7 @@ def train(
     if len(dataset) < prompts_per_round:
         raise ConfigError(
             f"TRAINING_DATASET={cfg.training_dataset!r}: {len(dataset)} usable problems, but one generation "
-            f"round takes {prompts_per_round}; lower GRPO_BATCH_SIZE or GRPO_GENERATION_BATCH_SIZE"
+            f"step takes {prompts_per_round}; lower GRPO_BATCH_SIZE or GRPO_GRAD_ACCUM_STEPS"
         )
 
     reward = SyntaxAwareReward(
