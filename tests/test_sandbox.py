@@ -5,17 +5,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from test_rewards import PROBLEM, TESTS
 
 import ocaml_sandbox
 import rewards
 
-PROBLEM = "(** Sum the integers of [xs]. *)\nlet sum_list (xs : int list) : int ="
-TESTS = """let () =
-  assert (sum_list [] = 0);
-  assert (sum_list [1; 2] = 3);
-  assert (sum_list [5] = 5);
-  assert (sum_list [1; 1; 1] = 3);
-;;"""
 CORRECT = "  List.fold_left ( + ) 0 xs"
 MODES = ["bwrap", "rlimit"]
 
