@@ -250,7 +250,8 @@ DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet"
 
 
 def load_problems(source: str, warn: Callable[[str], None] = print) -> list[dict]:
-    """Rows {id, problem, tests} from a hub id or a local file or folder; malformed rows reported, skipped."""
+    """Rows {id, problem, tests, solution, difficulty} from a hub id or a local file or folder; malformed
+    rows reported, skipped. `solution` (for SFT) is None and `difficulty` "unknown" where a row has none."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -283,7 +284,16 @@ def load_problems(source: str, warn: Callable[[str], None] = print) -> list[dict
             warn(f"skipped problem {problem_id}: {fault}")
             continue
         seen.add(problem_id)
-        problems.append({"id": problem_id, "problem": problem.strip(), "tests": row["tests"]})
+        solution = row.get("solution")
+        problems.append(
+            {
+                "id": problem_id,
+                "problem": problem.strip(),
+                "tests": row["tests"],
+                "solution": solution if isinstance(solution, str) and solution.strip() else None,
+                "difficulty": str(row.get("difficulty") or "unknown"),
+            }
+        )
     return problems
 
 
