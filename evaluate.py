@@ -1,0 +1,550 @@
+"""Held-out evaluation: pass@1, pass@k and reward of models or LoRA adapters under the training reward.
+
+    python evaluate.py MODEL_OR_ADAPTER [MODEL_OR_ADAPTER ...] [--problems FILE_OR_ID] [-n N] [-k 4]
+    python evaluate.py --compare A.jsonl B.jsonl
+
+Every model samples k completions for each problem with the training prompt and the sampling settings
+train.py reads (GRPO_TEMPERATURE, GRPO_MAX_COMPLETION, MIN_NON_EMPTY_LINES... from the environment), on the
+same problems and from the same random stream. The training reward scores every completion; a completion
+succeeds when it passes every test. The script prints a summary and a per-difficulty table, and writes
+every sample with its breakdown (OUT_DIR/eval_<label>.jsonl) and a markdown report (OUT_DIR/eval_report.md).
+`--compare` lists the problems two such JSONL files disagree on. The library functions
+(`sample_completions`, `score_samples`, `summarize`) also serve the trainer's in-training evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import config
+from config import ConfigError
+from ocaml_sandbox import ToolchainMissing, check_toolchain
+from rewards import STAGES, RewardConfig, score_batch
+from train import ROOT, TrainConfig, _looks_local, build_prompt_messages, load_problems
+
+HELDOUT_PROBLEMS = ROOT / "data" / "heldout.jsonl"
+# Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
+# more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
+# 1 GiB, small on any GPU.
+DEFAULT_BATCH_SIZE = 32
+DIFFICULTY_ORDER = ("easy", "medium", "hard")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c pass (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pick_problems(problems: list[dict], n: int | None, seed: int) -> list[dict]:
+    """All problems in file order, or n of them drawn by the seed."""
+    if n is None or n >= len(problems):
+        return problems
+    return random.Random(seed).sample(problems, n)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Sampling and scoring
+
+
+def end_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end a completion: the tokenizer's end token and every one the model's generation
+    config declares (an end-of-turn token, say), as TRL's trainer counts them."""
+    declared = model.generation_config.eos_token_id
+    declared = declared if isinstance(declared, list) else [declared]
+    return sorted({i for i in [tokenizer.eos_token_id, *declared] if i is not None})
+
+
+def sample_completions(
+    model,
+    tokenizer,
+    problems: Sequence[dict],
+    *,
+    k: int,
+    temperature: float,
+    max_new_tokens: int,
+    min_lines: int,
+    batch_size: int,
+    seed: int,
+) -> list[dict]:
+    """k completions per problem as {problem_id, sample, completion, truncated, length}, problem by problem.
+
+    `batch_size` completions go through one left-padded generate call, several problems' samples together.
+    The same seed gives every model the same random stream; the caller's random state, train/eval mode and
+    grad mode are as they were afterwards, so the trainer can call this on the model it is training.
+    """
+    import torch
+
+    device = model.device
+    texts = {
+        p["id"]: tokenizer.apply_chat_template(
+            build_prompt_messages(p["problem"], min_lines=min_lines),
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for p in problems
+    }
+    wanted = [(p["id"], i) for p in problems for i in range(k)]
+    stop = end_token_ids(model, tokenizer)
+    was_training = model.training
+    model.eval()  # no dropout while sampling, LoRA's included
+    samples = []
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            torch.manual_seed(seed)
+            for start in range(0, len(wanted), batch_size):
+                batch = wanted[start : start + batch_size]
+                inputs = tokenizer(
+                    [texts[problem_id] for problem_id, _ in batch],
+                    return_tensors="pt",
+                    padding=True,
+                    padding_side="left",
+                    add_special_tokens=False,
+                ).to(device)
+                # TRL's sampler (top_p 1, top_k 0, no repetition penalty), not the model's chat defaults.
+                output = model.generate(
+                    **inputs,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_p=1.0,
+                    top_k=0,
+                    repetition_penalty=1.0,
+                    max_new_tokens=max_new_tokens,
+                    eos_token_id=stop,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+                completions = output[:, inputs["input_ids"].shape[1] :].tolist()
+                for (problem_id, sample), ids in zip(batch, completions, strict=True):
+                    end = next((i + 1 for i, token in enumerate(ids) if token in stop), None)
+                    # No end token within max_new_tokens: the reward's truncated (runaway) completion.
+                    kept = ids if end is None else ids[:end]
+                    samples.append(
+                        {
+                            "problem_id": problem_id,
+                            "sample": sample,
+                            "completion": tokenizer.decode(kept, skip_special_tokens=True),
+                            "truncated": end is None,
+                            "length": len(kept),
+                        }
+                    )
+    finally:
+        model.train(was_training)
+    return samples
+
+
+def score_samples(samples: Sequence[dict], problems: Sequence[dict], cfg: RewardConfig) -> list[dict]:
+    """Each sample with its problem's difficulty and the reward's breakdown (stage, total_reward, ...)."""
+    by_id = {p["id"]: p for p in problems}
+    items = [
+        {**s, "problem": by_id[s["problem_id"]]["problem"], "tests": by_id[s["problem_id"]]["tests"]}
+        for s in samples
+    ]
+    # The curriculum's last phase, its target weights: scores compare across runs and steps, whatever epoch
+    # a run reached (without the curriculum, the REWARD_WEIGHT_* settings).
+    scores = score_batch(items, cfg, epoch=math.inf)
+    return [
+        {
+            "problem_id": s["problem_id"],
+            "difficulty": by_id[s["problem_id"]]["difficulty"],
+            **{key: s[key] for key in ("sample", "completion", "truncated", "length")},
+            **{key: value for key, value in score.items() if key not in ("problem_id", "preview")},
+        }
+        for s, score in zip(samples, scores, strict=True)
+    ]
+
+
+def evaluate_model(
+    model, tokenizer, problems: Sequence[dict], cfg: TrainConfig, *, k: int, batch_size: int, seed: int
+) -> list[dict]:
+    """Scored samples of one model, with the run's sampling and reward settings."""
+    samples = sample_completions(
+        model,
+        tokenizer,
+        problems,
+        k=k,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_completion_length,
+        min_lines=cfg.min_non_empty_lines,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    return score_samples(samples, problems, cfg)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Summaries
+
+
+def problem_results(rows: Sequence[dict]) -> dict[str, dict]:
+    """Per problem: difficulty, samples, passed (every test), pass rate and mean reward."""
+    grouped: dict[str, list[dict]] = {}
+    for r in rows:
+        grouped.setdefault(str(r["problem_id"]), []).append(r)
+    return {
+        problem_id: {
+            "difficulty": str(group[0].get("difficulty", "unknown")),
+            "samples": len(group),
+            "passed": sum(r["stage"] == "passed" for r in group),
+            "pass_rate": sum(r["stage"] == "passed" for r in group) / len(group),
+            "mean_reward": statistics.fmean(r["total_reward"] for r in group),
+        }
+        for problem_id, group in grouped.items()
+    }
+
+
+def pass_rates(rows: Sequence[dict], k: int) -> dict:
+    """Problems, pass@1, pass@k (averaged over problems) and mean reward (over completions) of some rows."""
+    results = problem_results(rows).values()
+    return {
+        "problems": len(results),
+        "pass@1": statistics.fmean(pass_at_k(r["samples"], r["passed"], 1) for r in results),
+        f"pass@{k}": statistics.fmean(pass_at_k(r["samples"], r["passed"], k) for r in results),
+        "mean_reward": statistics.fmean(r["total_reward"] for r in rows),
+    }
+
+
+def difficulties(rows: Sequence[dict]) -> list[str]:
+    """easy, medium, hard first, any other label after them in alphabetical order."""
+    present = {str(r.get("difficulty", "unknown")) for r in rows}
+    return [d for d in DIFFICULTY_ORDER if d in present] + sorted(present - set(DIFFICULTY_ORDER))
+
+
+def summarize(rows: Sequence[dict], k: int) -> dict:
+    """pass@1, pass@k, mean reward and its std, the truncated share, stage shares, and per difficulty
+    the problems, pass@1, pass@k and mean reward."""
+    stages = Counter(r["stage"] for r in rows)
+    return {
+        "k": k,
+        **pass_rates(rows, k),
+        "completions": len(rows),
+        "reward_std": statistics.pstdev(r["total_reward"] for r in rows),
+        "truncated": sum(bool(r.get("truncated")) for r in rows) / len(rows),
+        "stages": {stage: stages[stage] / len(rows) for stage in STAGES},
+        "difficulty": {
+            d: pass_rates([r for r in rows if str(r.get("difficulty", "unknown")) == d], k)
+            for d in difficulties(rows)
+        },
+    }
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(cells) + " |" for cells in rows)])
+
+
+def summary_table(summaries: dict[str, dict], k: int) -> str:
+    header = ["model", "pass@1", f"pass@{k}", "mean reward", "reward std", "truncated", *STAGES]
+    rows = [
+        [
+            label,
+            f"{s['pass@1']:.1%}",
+            f"{s[f'pass@{k}']:.1%}",
+            f"{s['mean_reward']:.3f}",
+            f"{s['reward_std']:.3f}",
+            f"{s['truncated']:.0%}",
+            *(f"{s['stages'][stage]:.0%}" for stage in STAGES),
+        ]
+        for label, s in summaries.items()
+    ]
+    return markdown_table(header, rows)
+
+
+def difficulty_table(summaries: dict[str, dict], k: int) -> str:
+    header = ["model", "difficulty", "problems", "pass@1", f"pass@{k}", "mean reward"]
+    rows = [
+        [
+            label,
+            d,
+            str(s["problems"]),
+            f"{s['pass@1']:.1%}",
+            f"{s[f'pass@{k}']:.1%}",
+            f"{s['mean_reward']:.3f}",
+        ]
+        for label, summary in summaries.items()
+        for d, s in summary["difficulty"].items()
+    ]
+    return markdown_table(header, rows)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Comparison of two evaluations
+
+
+def compare(rows_a: Sequence[dict], rows_b: Sequence[dict]) -> dict:
+    """Per problem in both, pass rate and mean reward in A and B and their deltas (B - A). A problem
+    improved when its pass rate rose, or held while its mean reward rose; largest change first."""
+    a, b = problem_results(rows_a), problem_results(rows_b)
+    problems = [
+        {
+            "problem_id": problem_id,
+            "difficulty": a[problem_id]["difficulty"],
+            "pass_a": a[problem_id]["pass_rate"],
+            "pass_b": b[problem_id]["pass_rate"],
+            "pass_delta": b[problem_id]["pass_rate"] - a[problem_id]["pass_rate"],
+            "reward_a": a[problem_id]["mean_reward"],
+            "reward_b": b[problem_id]["mean_reward"],
+            # Rewards are stored to 6 decimals; rounding keeps float noise from counting as a change.
+            "reward_delta": round(b[problem_id]["mean_reward"] - a[problem_id]["mean_reward"], 6),
+        }
+        for problem_id in a
+        if problem_id in b
+    ]
+    return {
+        "improved": sorted((p for p in problems if _change(p) > (0, 0)), key=_change, reverse=True),
+        "regressed": sorted((p for p in problems if _change(p) < (0, 0)), key=_change),
+        "unchanged": sum(_change(p) == (0, 0) for p in problems),
+        "common": len(problems),
+        "only_a": sorted(set(a) - set(b)),
+        "only_b": sorted(set(b) - set(a)),
+        "pass_a": statistics.fmean(p["pass_a"] for p in problems) if problems else 0.0,
+        "pass_b": statistics.fmean(p["pass_b"] for p in problems) if problems else 0.0,
+        "reward_a": statistics.fmean(p["reward_a"] for p in problems) if problems else 0.0,
+        "reward_b": statistics.fmean(p["reward_b"] for p in problems) if problems else 0.0,
+    }
+
+
+def _change(p: dict) -> tuple[float, float]:
+    return p["pass_delta"], p["reward_delta"]
+
+
+def comparison_totals(result: dict) -> str:
+    points = 100 * (result["pass_b"] - result["pass_a"])
+    return (
+        f"{len(result['improved'])} improved, {len(result['regressed'])} regressed, "
+        f"{result['unchanged']} unchanged of {result['common']} problems; pass rate "
+        f"{result['pass_a']:.1%} -> {result['pass_b']:.1%} ({points:+.1f} points)"
+        f", mean reward {result['reward_a']:.3f} -> {result['reward_b']:.3f} "
+        f"({result['reward_b'] - result['reward_a']:+.3f})"
+    )
+
+
+def comparison_markdown(result: dict, label_a: str, label_b: str) -> str:
+    header = ["problem", "difficulty", "pass rate A", "pass rate B", "delta", "reward A", "reward B", "delta"]
+    parts = [f"A = {label_a}, B = {label_b}. {comparison_totals(result)}."]
+    if result["only_a"] or result["only_b"]:
+        parts.append(
+            f"Left out, in one file only: A {', '.join(result['only_a']) or 'none'}; "
+            f"B {', '.join(result['only_b']) or 'none'}."
+        )
+    for title in ("improved", "regressed"):
+        rows = [
+            [
+                p["problem_id"],
+                p["difficulty"],
+                f"{p['pass_a']:.0%}",
+                f"{p['pass_b']:.0%}",
+                f"{100 * p['pass_delta']:+.0f} pts",
+                f"{p['reward_a']:.3f}",
+                f"{p['reward_b']:.3f}",
+                f"{p['reward_delta']:+.3f}",
+            ]
+            for p in result[title]
+        ]
+        parts.append(
+            f"{title.capitalize()} ({len(rows)}):\n\n{markdown_table(header, rows)}"
+            if rows
+            else f"{title.capitalize()}: none."
+        )
+    return "\n\n".join(parts)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of an eval_<label>.jsonl file; a missing file or a bad line raises ConfigError naming it."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}:{number}: not JSON ({err.msg})") from None
+        missing = [key for key in ("problem_id", "stage", "total_reward") if key not in row]
+        if missing:
+            raise ConfigError(f"{path}:{number}: no {', '.join(missing)} (expected evaluate.py's output)")
+        rows.append(row)
+    if not rows:
+        raise ConfigError(f"{path}: no rows")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Models
+
+
+def load_base(model_id: str):
+    """Model (on the GPU when there is one, eval mode) and tokenizer, with a pad token for batches."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_id).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ConfigError(f"{model_id}: no config.json (model) or adapter_config.json (adapter) there")
+    if not path.exists() and _looks_local(model_id):
+        raise ConfigError(f"{model_id}: no such model folder")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_id)
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype="auto")
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{model_id}: cannot load it ({' '.join(str(err).split())})") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer
+
+
+def with_adapter(model, adapter_dir: Path):
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ConfigError(f"{adapter_dir}: cannot load the adapter ({' '.join(str(err).split())})") from None
+
+
+def adapter_base(adapter_dir: Path) -> str:
+    """The base model an adapter folder names (PEFT's base_model_name_or_path)."""
+    try:
+        base = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{adapter_dir}/adapter_config.json: not JSON ({err.msg})") from None
+    if not base.get("base_model_name_or_path"):
+        raise ConfigError(f"{adapter_dir}/adapter_config.json names no base model: pass --base")
+    return base["base_model_name_or_path"]
+
+
+def load_model(spec: str, base: str | None = None):
+    """A model id or folder, or a PEFT adapter folder on its own base model (or on `base`)."""
+    path = Path(spec).expanduser()
+    if (path / "adapter_config.json").is_file():
+        model, tokenizer = load_base(base or adapter_base(path))
+        return with_adapter(model, path), tokenizer
+    return load_base(spec)
+
+
+def labels_of(specs: Sequence[str]) -> list[str]:
+    """Short, file-name-safe, distinct labels: the last path part, numbered when two share it."""
+    names = [re.sub(r"[^A-Za-z0-9._+-]", "_", Path(spec).name or spec) for spec in specs]
+    return [name if names.count(name) == 1 else f"{name}-{i + 1}" for i, name in enumerate(names)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Command line
+
+
+def report(header: str, summaries: dict[str, dict], k: int, comparisons: dict[tuple[str, str], dict]) -> str:
+    parts = [
+        "# Held-out evaluation",
+        header,
+        "## Summary",
+        summary_table(summaries, k),
+        "## Per difficulty",
+        difficulty_table(summaries, k),
+    ]
+    for (label_a, label_b), result in comparisons.items():
+        parts += [f"## {label_b} against {label_a}", comparison_markdown(result, label_a, label_b)]
+    return "\n\n".join(parts) + "\n"
+
+
+def run_compare(path_a: Path, path_b: Path) -> None:
+    result = compare(read_rows(path_a), read_rows(path_b))
+    print(comparison_markdown(result, str(path_a), str(path_b)))
+
+
+def run_evaluation(args: argparse.Namespace) -> None:
+    cfg = config.from_env(TrainConfig)
+    source = args.problems or str(HELDOUT_PROBLEMS)
+    if not args.problems and not HELDOUT_PROBLEMS.is_file():
+        raise ConfigError(f"{HELDOUT_PROBLEMS}: no held-out problems file; pass --problems FILE_OR_ID")
+    if _looks_local(source) and not Path(source).expanduser().exists():
+        raise ConfigError(f"--problems {source}: no such file or folder")
+    problems = pick_problems(load_problems(source), args.n, args.seed)
+    if not problems:
+        raise ConfigError(f"{source}: no usable problems")
+    check_toolchain()
+    header = (
+        f"{len(problems)} problems from {source} x {args.k} samples (seed {args.seed}), temperature "
+        f"{cfg.temperature}, up to {cfg.max_completion_length} new tokens, MIN_NON_EMPTY_LINES="
+        f"{cfg.min_non_empty_lines}, {args.batch_size} completions per generate call"
+    )
+    print(header)
+    out_dir = Path(args.out_dir or cfg.output_dir)
+    summaries, results = {}, {}
+    for spec, label in zip(args.models, labels_of(args.models), strict=True):
+        started = time.monotonic()
+        model, tokenizer = load_model(spec, args.base)
+        rows = evaluate_model(
+            model, tokenizer, problems, cfg, k=args.k, batch_size=args.batch_size, seed=args.seed
+        )
+        del model  # one model in memory at a time
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / f"eval_{label}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        results[label], summaries[label] = rows, summarize(rows, args.k)
+        print(f"{label}: {len(rows)} completions scored in {time.monotonic() - started:.1f} s -> {path}")
+    first, *others = results
+    comparisons = {(first, label): compare(results[first], results[label]) for label in others}
+    print(f"\n{summary_table(summaries, args.k)}\n\n{difficulty_table(summaries, args.k)}\n")
+    for (label_a, label_b), result in comparisons.items():
+        print(f"{label_b} against {label_a}: {comparison_totals(result)}")
+    path = out_dir / "eval_report.md"
+    path.write_text(report(header, summaries, args.k, comparisons), encoding="utf-8")
+    print(f"report: {path}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="model ids or folders, or PEFT adapter folders")
+    parser.add_argument("--base", help="base model for the adapters (default: each adapter's own)")
+    parser.add_argument("--problems", help=f"problems file or dataset id (default: {HELDOUT_PROBLEMS.name})")
+    parser.add_argument("-n", type=int, help="evaluate n problems drawn by the seed (default: all)")
+    parser.add_argument("-k", type=int, default=4, help="completions sampled per problem (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the sampling (and the draw of -n)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        help=f"completions per generate call (default {DEFAULT_BATCH_SIZE})",
+    )
+    parser.add_argument("--out-dir", type=Path, help="JSONL files and report (default: GRPO_OUTPUT_DIR)")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("A", "B"),
+        help="compare two eval JSONL files; loads no model",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if bool(args.models) == bool(args.compare):
+        parser.error("give one or more models, or --compare A.jsonl B.jsonl")
+    if min(args.n or 1, args.k, args.batch_size) < 1:
+        parser.error("-n, -k and --batch-size must be at least 1")
+    try:
+        if args.compare:
+            run_compare(*args.compare)
+        else:
+            run_evaluation(args)
+    except (ConfigError, ToolchainMissing) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
