@@ -2,15 +2,16 @@
 
 The report follows the seed analysis: status and decision first (machine-readable), an executive summary,
 metric ranges against the expected bands, issues with evidence, env changes to try, the next milestone's
-checklist and the stop criteria. With the reward logs it adds where completions fail, the most common
-compiler errors and examples. It prints the Markdown, writes RUN/analysis.md and saves PNG plots beside it.
-The thresholds live in monitor.py, shared with the live monitor.
+checklist and the stop criteria. With held-out evaluations it adds their table and the memorising check;
+with the reward logs, where completions fail, the most common compiler errors and examples. Each step counts
+once: after --resume the later lines win, and the report says where the run was resumed. It prints the
+Markdown, writes RUN/analysis.md and saves PNG plots beside it. The thresholds live in monitor.py, shared
+with the live monitor.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -25,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 import monitor
-from monitor import Check, Criterion, Knobs, Row
+from monitor import EVAL_PASS, EVAL_REWARD, Check, Criterion, Knobs, Row, Rows
 from rewards import STAGES
 
 RECENT_COMPLETIONS = 200  # the reward-log rows that stand for "now"
@@ -41,56 +42,112 @@ LOG_NAMES = {
     "entropy": ("entropy",),
     "frac_zero_std": ("frac_reward_zero_std",),
 }
+# The `[Eval ...]` line's names -> metrics.jsonl's eval row keys.
+EVAL_NAMES = {
+    "step": ("step",),
+    "problems": ("eval/problems",),
+    "samples": ("eval/samples",),
+    "pass@1": (EVAL_PASS,),
+    "reward": (EVAL_REWARD, "eval/reward_std"),
+    **{stage: (f"eval/stages/{stage}",) for stage in STAGES},
+}
 LOG_LINE = re.compile(r"^\[Epoch\s+(?P<epoch>[0-9.eE+-]+)\]\s+(?P<pairs>.*)$")
-PAIR = re.compile(r"(\w+)=(\S+)")
+EVAL_LINE = re.compile(r"^\[Eval Epoch\s+(?P<epoch>[0-9.eE+-]+)\]\s+(?P<pairs>.*)$")
+PAIR = re.compile(r"([\w@]+)=(\S+)")
 
 
-def parse_log_line(line: str) -> dict[str, float] | None:
-    """One learning.log metrics line as TRL-named floats, or None for any other line."""
-    match = LOG_LINE.match(line.strip())
-    if not match:
-        return None
+def metrics_of(match: re.Match[str], names: dict[str, tuple[str, ...]]) -> dict[str, float] | None:
+    """A matched log line's epoch and name=value pairs under their metric names; None when a value is not a
+    number."""
     try:
         row = {"epoch": float(match["epoch"])}
         for name, raw in PAIR.findall(match["pairs"]):
-            keys = LOG_NAMES.get(name)
-            if keys is None:
-                continue
             # Pasted logs may show "±" decoded as Latin-1, i.e. "Â±".
             parts = raw.replace("Â±", "±").split("±")
-            for key, part in zip(keys, parts, strict=False):
+            for key, part in zip(names.get(name, ()), parts, strict=False):
                 value = float(part)
                 if math.isfinite(value):  # train.py prints a metric TRL did not log as nan
                     row[key] = value
     except ValueError:
         return None
-    return row if "reward" in row else None
+    return row
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a .jsonl file; a torn or foreign line (a run killed mid-write) is skipped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+def parse_log_line(line: str) -> dict[str, float] | None:
+    """One learning.log metrics line as TRL-named floats, or None for any other line."""
+    match = LOG_LINE.match(line.strip())
+    row = metrics_of(match, LOG_NAMES) if match else None
+    return row if row and "reward" in row else None
 
 
-def numeric(row: dict) -> dict[str, float]:
-    return {
-        k: float(v)
-        for k, v in row.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    }
+def parse_eval_line(line: str) -> dict[str, float] | None:
+    """One learning.log `[Eval ...]` line as its metrics.jsonl row, or None for any other line."""
+    match = EVAL_LINE.match(line.strip())
+    row = metrics_of(match, EVAL_NAMES) if match else None
+    return row if row and "step" in row and EVAL_PASS in row else None
 
 
+@dataclass
+class Resume:
+    """A header after the run had logged steps: train.py went on from a checkpoint, or started over."""
+
+    checkpoint: str | None  # None: started again without --resume
+    when: str
+    earlier: list[int]  # steps past the checkpoint that the log already held
+    logged: list[int] = field(default_factory=list)  # steps logged after this header
+
+    def sentence(self) -> str:
+        again = [s for s in self.earlier if s in self.logged]
+        # The resumed run's first line replaces everything logged past the checkpoint (monitor.one_per_step).
+        left_out = [s for s in self.earlier if s not in self.logged] if self.logged else []
+        start = f"Resumed from {self.checkpoint}" if self.checkpoint else "Started again without a checkpoint"
+        text = f"{start} at {self.when}; "
+        text += f"{_were(again)} logged twice, the later ones count" if again else "no step was logged twice"
+        if left_out:
+            text += f"; {_were(left_out)} not reached again, so what the earlier run logged there is left out"
+        return text + "."
+
+
+def _were(steps: Sequence[int]) -> str:
+    return f"step {steps[0]} was" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]} were"
+
+
+HEADER_START = re.compile(
+    r"^# (?P<when>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\s.*\b"
+    r"(?:started|resumed from (?P<checkpoint>checkpoint-(?P<at>\d+)));"
+)
 HEADER_SETTING = re.compile(r"^#\s+(\w+) = (\S+)")
+LOGGING_STEPS = re.compile(r"^#\s+logging_steps = (\d+)\b")
+
+
+def read_log(log: Path) -> tuple[Rows, Rows, list[Resume]]:
+    """learning.log's step lines and eval lines, each step once, and the resumes in it. A step line carries no
+    step number: TRL logs every logging_steps-th step, counting from 0 or from the checkpoint's step after
+    the header of a resumed run."""
+    if not log.is_file():
+        return [], [], []
+    rows: Rows = []
+    evals: Rows = []
+    resumes: list[Resume] = []
+    logging_steps = None  # TRL takes it from the checkpoint on resume, so the first header's holds throughout
+    step = 0
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if header := HEADER_START.match(line):
+            step = int(header["at"] or 0)
+            if header["checkpoint"] or rows:
+                past = [int(r["step"]) for r in monitor.one_per_step(rows) if r["step"] > step]
+                resumes.append(Resume(header["checkpoint"], header["when"], past))
+        elif (setting := LOGGING_STEPS.match(line)) and logging_steps is None:
+            logging_steps = int(setting[1])
+        elif (row := parse_log_line(line)) is not None:
+            every = logging_steps or 1  # a pasted log without its header: TrainConfig's default
+            step = (step // every + 1) * every
+            rows.append({**row, "step": float(step)})
+            if resumes:
+                resumes[-1].logged.append(step)
+        elif (row := parse_eval_line(line)) is not None:
+            evals.append(row)
+    return monitor.one_per_step(rows), monitor.one_per_step(evals), resumes
 
 
 def read_knobs(log: Path) -> Knobs:
@@ -121,34 +178,38 @@ def read_knobs(log: Path) -> Knobs:
 class Run:
     folder: Path
     source: str
-    history: list[dict[str, float]]
+    history: Rows
+    evals: Rows = field(default_factory=list)
+    resumes: list[Resume] = field(default_factory=list)
     knobs: Knobs = field(default_factory=Knobs)
     breakdown: list[dict] = field(default_factory=list)
     completions: list[dict] = field(default_factory=list)
 
 
 def load_run(path: Path) -> Run:
-    """Metrics from metrics.jsonl when present (every TRL metric), else from learning.log."""
+    """Steps and evaluations from metrics.jsonl when present (every TRL metric), else from learning.log;
+    the resumes from learning.log's headers."""
     folder = path if path.is_dir() else path.parent
     metrics = path if path.is_file() else folder / "metrics.jsonl"
-    history = [numeric(r) for r in read_jsonl(metrics)] if metrics.suffix == ".jsonl" else []
-    history = [r for r in history if "reward" in r]
+    log = path if path.is_file() and path.suffix != ".jsonl" else folder / "learning.log"
+    rows = monitor.read_jsonl(metrics) if metrics.suffix == ".jsonl" else []
+    history, evals = monitor.metric_history(rows)
+    log_history, log_evals, resumes = read_log(log)
     source = metrics.name
     if not history:
-        log = path if path.is_file() else folder / "learning.log"
         if not log.is_file():
             raise SystemExit(f"analyze.py: no metrics.jsonl or learning.log in {folder}")
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-        history = [row for line in lines if (row := parse_log_line(line)) is not None]
-        source = log.name
+        history, evals, source = log_history, log_evals, log.name
     logs = folder / "reward_logs"
     return Run(
         folder,
         source,
         history,
-        read_knobs(path if path.is_file() and path.suffix != ".jsonl" else folder / "learning.log"),
-        read_jsonl(logs / "syntax_aware_breakdown.jsonl"),
-        read_jsonl(logs / "completions.jsonl"),
+        evals,
+        resumes,
+        read_knobs(log),
+        monitor.read_jsonl(logs / "syntax_aware_breakdown.jsonl"),
+        monitor.read_jsonl(logs / "completions.jsonl"),
     )
 
 
@@ -375,6 +436,39 @@ def stages_section(run: Run, gated: Check) -> list[str]:
     return lines
 
 
+def eval_section(evals: Sequence[Row], memorising: Check) -> list[str]:
+    last = evals[-1]
+    lines = [
+        "## Held-out evaluation",
+        "",
+        f"{_fmt(last.get('eval/problems'))} problems, {_fmt(last.get('eval/samples'))} sample(s) each, "
+        "scored with the training reward.",
+        "",
+        "| Step | Epoch | pass@1 | Reward | Passed |",
+        "|---|---|---|---|---|",
+    ]
+    for e in evals:
+        lines.append(
+            f"| {e['step']:.0f} | {e.get('epoch', math.nan):.2f} | {e[EVAL_PASS]:.1%} | "
+            f"{e.get(EVAL_REWARD, math.nan):.3f} | {_pct(e.get('eval/stages/passed'))} |"
+        )
+    best = max(evals, key=lambda e: e[EVAL_PASS])
+    lines += ["", f"Best eval pass@1: {best[EVAL_PASS]:.1%} at step {best['step']:.0f}.", ""]
+    if memorising.ok is None:
+        lines.append(f"Memorising: not judged, the check needs {memorising.band}.")
+    else:
+        verdict = "**Memorising.**" if memorising.ok is False else "No sign of memorising:"
+        lines.append(
+            f"{verdict} `{memorising.metric}` = {memorising.value:.3g} over {memorising.span}, expected "
+            f"{memorising.band}."
+        )
+    return [*lines, ""]
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
 def summary(history: Sequence[Row], status: str, bad: Sequence[Check], criteria: Sequence[Criterion]) -> str:
     epoch = monitor.last_epoch(history)
     if len(history) < monitor.MIN_STEPS:
@@ -409,8 +503,9 @@ def analyze(run: Run) -> Analysis:
     check_list = monitor.run_checks(history, knobs)
     recent_rows = run.breakdown[-RECENT_COMPLETIONS:]
     gated = monitor.check_gated(share(recent_rows, gated_code), knobs)
+    memorising = monitor.check_memorising(history, run.evals, knobs)
     if len(history) >= monitor.MIN_STEPS:
-        check_list.append(gated)
+        check_list += [gated, memorising]
     pass_share = share(recent_rows, passes_tests)
     texts = [str(r.get("completion", "")) for r in run.completions[-RECENT_COMPLETIONS:]]
     gibberish = sum(map(monitor.looks_like_gibberish, texts)) / len(texts) if texts else None
@@ -430,17 +525,18 @@ def analyze(run: Run) -> Analysis:
         f"Run: `{run.folder}` ({len(history)} logged steps with rewards, from {run.source}; checks judge "
         f"the last {min(len(history), monitor.WINDOW)})",
         "",
-        "## Executive summary",
-        "",
-        summary(history, status, bad, criteria),
-        "",
     ]
+    if run.resumes:
+        lines += [*(f"- {resume.sentence()}" for resume in run.resumes), ""]
+    lines += ["## Executive summary", "", summary(history, status, bad, criteria), ""]
     if len(history) >= monitor.MIN_STEPS:
         lines += ["## Metric ranges", "", *ranges_table(history, checks), ""]
         lines += issues_section(bad)
         lines += actions_section(bad, decision)
         lines += milestone_section(history, checks, pass_share)
         lines += stop_section(history, criteria)
+    if run.evals:
+        lines += eval_section(run.evals, memorising)
     if run.breakdown:
         lines += stages_section(run, gated)
     return Analysis(status, decision, check_list, criteria, "\n".join(lines))
@@ -471,11 +567,12 @@ def save_plots(run: Run, folder: Path) -> list[Path]:
     paths = []
     history = run.history
     epochs = [r.get("epoch", 0.0) for r in history]
-    xlabel = "epoch"
+    x_key, xlabel = "epoch", "epoch"
     if len(set(epochs)) < len(epochs):
-        # learning.log rounds the epoch to two decimals: plot by logged step so lines do not fold back.
-        xlabel = f"logged step (epoch {min(epochs):.2f}-{max(epochs):.2f})"
-        epochs = list(range(1, len(history) + 1))
+        # learning.log rounds the epoch to two decimals: plot by step so lines do not fold back.
+        x_key, xlabel = "step", f"step (epoch {min(epochs):.2f}-{max(epochs):.2f})"
+    at = [r.get(x_key, 0.0) for r in history]
+    reward = [r.get("reward", math.nan) for r in history]
 
     def new(title: str, ylabel: str, xlabel: str = xlabel):
         fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -489,29 +586,37 @@ def save_plots(run: Run, folder: Path) -> list[Path]:
         plt.close(fig)
         paths.append(folder / name)
 
-    if any("reward" in r for r in history):
+    if history:
         fig, ax = new("Reward (mean ± std)", "reward")
-        mean = [r.get("reward", float("nan")) for r in history]
         std = [r.get("reward_std", 0.0) for r in history]
-        ax.plot(epochs, mean, label="mean")
+        ax.plot(at, reward, label="mean")
         ax.fill_between(
-            epochs,
-            [m - s for m, s in zip(mean, std, strict=True)],
-            [m + s for m, s in zip(mean, std, strict=True)],
+            at,
+            [m - s for m, s in zip(reward, std, strict=True)],
+            [m + s for m, s in zip(reward, std, strict=True)],
             alpha=0.25,
             label="± std",
         )
-        floor = [monitor.reward_floor(r.get("epoch", 0.0)) for r in history]
-        ax.plot(epochs, floor, "--", color="gray", label="seed's minimum")
+        floor = [monitor.reward_floor(e) for e in epochs]
+        ax.plot(at, floor, "--", color="gray", label="seed's minimum")
         ax.legend()
         save(fig, "analysis_reward.png")
+    if run.evals:
+        # Over the same x as the training reward: the two rising together is learning, apart memorising.
+        fig, ax = new("Held-out evaluation against the training reward", "reward, pass@1")
+        ax.plot(at, reward, color="gray", alpha=0.6, label="training reward")
+        eval_at = [e.get(x_key, 0.0) for e in run.evals]
+        ax.plot(eval_at, [e.get(EVAL_REWARD, math.nan) for e in run.evals], "o-", label="eval reward")
+        ax.plot(eval_at, [e[EVAL_PASS] for e in run.evals], "s-", label="eval pass@1")
+        ax.legend()
+        save(fig, "analysis_eval.png")
     for key, name, low, high in (
         ("frac_reward_zero_std", "frac_zero_std", None, monitor.FRAC_ZERO_STD_MAX),
         ("entropy", "entropy", *monitor.ENTROPY_BAND),
     ):
         if any(key in r for r in history):
             fig, ax = new(name, name)
-            ax.plot(epochs, [r.get(key, float("nan")) for r in history])
+            ax.plot(at, [r.get(key, math.nan) for r in history])
             ax.axhspan(low or 0.0, high, color="green", alpha=0.12, label="expected band")
             ax.legend()
             save(fig, f"analysis_{name}.png")

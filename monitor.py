@@ -10,14 +10,18 @@ the written report cannot disagree about a band.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 Row = Mapping[str, float]
+Rows = list[dict[str, float]]  # one per logged step, in step order
 
 WINDOW = 10  # logging steps judged together
 MIN_STEPS = 5  # fewer logged steps than this and we say so instead of judging
@@ -43,6 +47,19 @@ FRAC_ZERO_STD_STOP = 0.30
 FLAT_TREND = 0.05  # reward gained per epoch below which the trend counts as flat
 TREND_MIN_SPAN = 0.1  # epochs; over a shorter stretch the slope is noise
 GIBBERISH_STOP = 0.50  # share of recent completions that look like random tokens
+
+# Memorising: the training reward climbs while the held-out problems are solved no more often. The eval rows
+# are train.py's metrics.jsonl rows: step, epoch, eval/pass@1, eval/reward, eval/stages/<stage>, ...
+EVAL_PASS, EVAL_REWARD = "eval/pass@1", "eval/reward"
+EVAL_WINDOW = 5  # evaluations judged together, like WINDOW for steps
+MEMO_MIN_EVALS = 3  # two evaluations always lie on a line; three are the fewest that can contradict it
+MEMO_MIN_SPAN = 0.2  # epochs from the first to the last evaluation judged (TREND_MIN_SPAN's reasoning)
+# "Rising": the seed's trajectory gains 0.35 reward per epoch, so a learning run gains 0.10 in under a third
+# of an epoch, while the seed's step-to-step noise (+-0.03) moves a slope fitted over 0.2 epochs far less.
+MEMO_TRAIN_GAIN = 0.10
+# "Flat": pass@1 on train.py's 40 eval problems moves in steps of 0.025; less than two more problems solved
+# over a stretch in which the training reward gained MEMO_TRAIN_GAIN is no progress on held-out problems.
+MEMO_EVAL_GAIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -113,19 +130,23 @@ class Check:
     ok: bool | None
     meaning: str  # why a bad value matters
     advice: tuple[tuple[str, str], ...] = ()  # (env change, why)
+    span: str = ""  # what the value was judged over, when not the last logged steps
 
     def warning_line(self, epoch: float, steps: int) -> str:
         changes = " ".join(change for change, _ in self.advice)
         return (
-            f"WARNING [Epoch {epoch:.2f}] {self.metric}={_num(self.value)} over the last {steps} steps "
+            f"WARNING [Epoch {epoch:.2f}] {self.metric}={_num(self.value)} over {self._over(steps)} "
             f"(expected {self.band}): {self.meaning}." + (f" Try {changes}" if changes else "")
         )
 
     def ok_line(self, epoch: float, steps: int) -> str:
         return (
-            f"OK [Epoch {epoch:.2f}] {self.metric}={_num(self.value)} over the last {steps} steps, "
+            f"OK [Epoch {epoch:.2f}] {self.metric}={_num(self.value)} over {self._over(steps)}, "
             f"back within {self.band}"
         )
+
+    def _over(self, steps: int) -> str:
+        return self.span or f"the last {steps} steps"
 
 
 @dataclass(frozen=True)
@@ -139,6 +160,49 @@ class Criterion:
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a .jsonl file; a torn or foreign line (a run killed mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def numeric(row: Mapping[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def one_per_step(rows: Iterable[dict[str, float]]) -> Rows:
+    """The rows in step order, each step once. A row replaces every earlier row at its step or later: after
+    --resume from checkpoint-N the run logs again from step N+1, and whatever the killed run logged past N
+    came from a stretch of training that the resumed run redoes."""
+    kept: Rows = []
+    for row in rows:
+        while kept and kept[-1]["step"] >= row["step"]:
+            kept.pop()
+        kept.append(row)
+    return kept
+
+
+def metric_history(rows: Iterable[Mapping[str, Any]]) -> tuple[Rows, Rows]:
+    """metrics.jsonl's rows as (training steps, held-out evaluations), each step once; other log events
+    (the end-of-training summary) are left out."""
+    stepped = [r for r in map(numeric, rows) if "step" in r]
+    evals = one_per_step(r for r in stepped if EVAL_PASS in r)
+    return one_per_step(r for r in stepped if "reward" in r), evals
 
 
 def recent(history: Sequence[Row]) -> Sequence[Row]:
@@ -162,17 +226,22 @@ def reward_floor(epoch: float) -> float:
     return REWARD_MILESTONES[-1][1]
 
 
+def slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Least-squares slope of y over x; None when x does not vary."""
+    if not points:
+        return None
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    var = sum((x - mx) ** 2 for x, _ in points)
+    return sum((x - mx) * (y - my) for x, y in points) / var if var else None
+
+
 def reward_trend(history: Sequence[Row]) -> float | None:
     """Least-squares slope of the mean reward per epoch over the whole run."""
     points = [(float(r["epoch"]), float(r["reward"])) for r in history if "epoch" in r and "reward" in r]
     if len(points) < MIN_STEPS or points[-1][0] - points[0][0] < TREND_MIN_SPAN:
         return None
-    mx = sum(e for e, _ in points) / len(points)
-    my = sum(y for _, y in points) / len(points)
-    var = sum((e - mx) ** 2 for e, _ in points)
-    if var == 0:
-        return None
-    return sum((e - mx) * (y - my) for e, y in points) / var
+    return slope(points)
 
 
 def diversity_advice(history: Sequence[Row], knobs: Knobs) -> tuple[str, str]:
@@ -365,6 +434,43 @@ def check_gated(gated_share: float | None, knobs: Knobs) -> Check:
     )
 
 
+def check_memorising(history: Sequence[Row], evals: Sequence[Row], knobs: Knobs) -> Check:
+    """Over the stretch of the last EVAL_WINDOW evaluations, the training reward must not rise while eval
+    pass@1 stays flat. Early in a run the reward climbs on syntax and types alone, before any test passes;
+    when the eval reward climbs with it (at least half as fast) the policy is learning OCaml on unseen
+    problems too, so that is not memorising."""
+    window = [e for e in evals[-EVAL_WINDOW:] if "epoch" in e]
+    first, last = (window[0]["epoch"], window[-1]["epoch"]) if window else (0.0, 0.0)
+    span = last - first
+
+    def gain(points: Sequence[tuple[float, float]]) -> float | None:
+        per_epoch = slope(points)  # rounded below so that a flat line reads 0, not 1.5e-32
+        return None if per_epoch is None else round(per_epoch * span, 4)
+
+    train_gain = gain([(r["epoch"], r["reward"]) for r in history if first <= r.get("epoch", -1) <= last])
+    pass_gain = gain([(e["epoch"], e[EVAL_PASS]) for e in window])
+    reward_gain = gain([(e["epoch"], e[EVAL_REWARD]) for e in window if EVAL_REWARD in e])
+    judged = len(window) >= MEMO_MIN_EVALS and span >= MEMO_MIN_SPAN and None not in (train_gain, pass_gain)
+    ok = None
+    if judged:
+        eval_keeps_up = reward_gain is not None and reward_gain >= train_gain / 2
+        ok = not (train_gain > MEMO_TRAIN_GAIN and pass_gain < MEMO_EVAL_GAIN and not eval_keeps_up)
+    return Check(
+        "memorising",
+        "Memorising the training problems",
+        "eval pass@1 gain",
+        pass_gain if judged else None,
+        f">= {MEMO_EVAL_GAIN:.2f} when the training reward gains > {MEMO_TRAIN_GAIN:.2f} (here "
+        f"{_num(train_gain)}) and the eval reward less than half as much (here {_num(reward_gain)})",
+        ok,
+        "the policy scores better on its training problems but solves held-out ones no more often: it is "
+        "memorising them. More varied problems (TRAINING_DATASET) help; keep the checkpoint with the best "
+        "eval pass@1 rather than the last",
+        ((knobs.slower(), "smaller steps fit the training problems less closely"),),
+        f"{len(window)} evaluations at epoch {first:.2f}-{last:.2f}",
+    )
+
+
 _OCAML_WORD = re.compile(r"\b(let|match|with|fun|function|if|then|else|in|type)\b")
 
 
@@ -446,15 +552,43 @@ def verdict(
 
 class HealthMonitor(TrainerCallback):
     """Judges the recent window at every logging step and writes one line when a check turns bad or
-    recovers; with `stop_on_red_flags` it saves and stops once the seed's stop criteria hold at epoch 1.0."""
+    recovers; with `stop_on_red_flags` it saves and stops once the seed's stop criteria hold at epoch 1.0.
+    `add_eval` judges memorising at every held-out evaluation.
 
-    def __init__(self, write_line: Callable[[str], None], stop_on_red_flags: bool) -> None:
+    A resumed run passes `earlier`, the rows of metrics.jsonl: the history then starts with the steps up to
+    the checkpoint, each once, so the window and the trend span the resume. The checks already bad there are
+    written again at the start: the resumed run's header cuts a reader of learning.log off from the earlier
+    warnings, and an OK line later would otherwise recover from a warning nobody sees above it."""
+
+    def __init__(
+        self,
+        write_line: Callable[[str], None],
+        stop_on_red_flags: bool,
+        earlier: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
         self.write_line = write_line
         self.stop_on_red_flags = stop_on_red_flags
-        self.history: list[dict[str, float]] = []
+        self.earlier = earlier
+        self.knobs = Knobs()
+        self.history: Rows = []
+        self.evals: Rows = []
         self.bad: dict[str, bool] = {}
         self.good_streak: dict[str, int] = {}
         self.stop_reported = False
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs
+    ) -> None:
+        # global_step is the checkpoint's step here: rows past it are the stretch the resumed run redoes.
+        self.knobs = Knobs.from_args(args)
+        history, evals = metric_history(self.earlier)
+        self.history = [r for r in history if r["step"] <= state.global_step]
+        self.evals = [e for e in evals if e["step"] <= state.global_step]
+        memorising = check_memorising(self.history, self.evals, self.knobs)
+        lines = self._transitions([*run_checks(self.history, self.knobs), memorising])
+        if state.is_world_process_zero:
+            for line in lines:
+                self.write_line(line)
 
     def on_log(
         self,
@@ -466,10 +600,10 @@ class HealthMonitor(TrainerCallback):
     ) -> None:
         if not logs or "reward" not in logs:  # the end-of-training summary and eval logs carry no reward
             return
-        row = {k: float(v) for k, v in logs.items() if isinstance(v, int | float)}
+        row = numeric(logs) | {"step": float(state.global_step)}
         row.setdefault("epoch", float(state.epoch or 0.0))
         self.history.append(row)
-        lines = self._transitions(run_checks(self.history, Knobs.from_args(args)))
+        lines = self._transitions(run_checks(self.history, self.knobs))
         criteria = stop_criteria(self.history)
         if should_stop(self.history, criteria) and not self.stop_reported:
             self.stop_reported = True
@@ -487,6 +621,13 @@ class HealthMonitor(TrainerCallback):
         if state.is_world_process_zero:
             for line in lines:
                 self.write_line(line)
+
+    def add_eval(self, row: Mapping[str, Any]) -> None:
+        """One held-out evaluation, as its metrics.jsonl row (step, epoch, eval/pass@1, eval/reward, ...):
+        writes a line when the memorising check turns bad or recovers."""
+        self.evals = one_per_step([*self.evals, numeric(row)])
+        for line in self._transitions([check_memorising(self.history, self.evals, self.knobs)]):
+            self.write_line(line)
 
     def _transitions(self, checks: Sequence[Check]) -> list[str]:
         epoch, steps = last_epoch(self.history), len(recent(self.history))

@@ -1,13 +1,18 @@
-"""analyze.py on run folders written here: healthy, the seed's own log, collapsed, too few steps."""
+"""analyze.py on run folders written here: healthy, the seed's own log, collapsed, too few steps, resumed,
+with held-out evaluations. The logs are written with train.py's own formatters so the formats cannot drift."""
 
 import json
 import random
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib.image
 import pytest
 
 import analyze
+from rewards import STAGES
+from train import TrainConfig, append_log_line, format_log_line, write_header
 
 SEED_LOG = """\
 [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102Â±0.077  syntax_rew=0.102Â±0.078  entropy=0.155  frac_zero_std=0.00
@@ -27,6 +32,26 @@ HEADER = "# 2025-12-10 10:00:00  train.py started; resolved configuration:\n#   
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def metrics_row(
+    step: int, epoch: float, reward: float, frac: float, entropy: float, rng: random.Random
+) -> dict:
+    """One TRL log event as train.py writes it to metrics.jsonl."""
+    return {
+        "step": step,
+        "epoch": epoch,
+        "loss": rng.uniform(-0.05, 0.05),
+        "grad_norm": rng.uniform(0.03, 0.08),
+        "learning_rate": 5e-6,
+        "reward": reward,
+        "reward_std": 0.2 * reward,
+        "rewards/syntax_aware_reward/mean": reward,
+        "rewards/syntax_aware_reward/std": 0.2 * reward,
+        "entropy": entropy,
+        "frac_reward_zero_std": frac,
+        "completions/clipped_ratio": 0.02,
+    }
+
+
 def metrics_rows(steps: int, end: float, reward, frac, entropy=lambda e: 0.15, seed: int = 0) -> list[dict]:
     """TRL-named metrics for `steps` logging steps up to epoch `end`, with a little seeded noise."""
     rng = random.Random(seed)
@@ -34,40 +59,60 @@ def metrics_rows(steps: int, end: float, reward, frac, entropy=lambda e: 0.15, s
     for i in range(1, steps + 1):
         e = end * i / steps
         r = max(reward(e) + rng.uniform(-0.01, 0.01), 0.0)
-        rows.append(
-            {
-                "step": i,
-                "epoch": e,
-                "loss": rng.uniform(-0.05, 0.05),
-                "grad_norm": rng.uniform(0.03, 0.08),
-                "learning_rate": 5e-6,
-                "reward": r,
-                "reward_std": 0.2 * r,
-                "rewards/syntax_aware_reward/mean": r,
-                "rewards/syntax_aware_reward/std": 0.2 * r,
-                "entropy": entropy(e) + rng.uniform(-0.01, 0.01),
-                "frac_reward_zero_std": frac(e),
-                "completions/clipped_ratio": 0.02,
-            }
-        )
+        rows.append(metrics_row(i, e, r, frac(e), entropy(e) + rng.uniform(-0.01, 0.01), rng))
     return rows
 
 
-def log_line(r: dict) -> str:
-    """The learning.log line of api.md for one metrics row."""
-    mean_std = f"{r['reward']:.3f}±{r['reward_std']:.3f}"
+def eval_row(step: int, epoch: float, pass1: float, reward: float) -> dict:
+    """One held-out evaluation as train.py writes it to metrics.jsonl."""
+    stages = {f"eval/stages/{s}": 0.0 for s in STAGES} | {"eval/stages/passed": pass1}
+    stages["eval/stages/tests_failed"] = 1.0 - pass1
+    return {
+        "step": step,
+        "epoch": epoch,
+        "eval/problems": 40,
+        "eval/samples": 1,
+        "eval/pass@1": pass1,
+        "eval/reward": reward,
+        "eval/reward_std": 0.1,
+        **stages,
+    }
+
+
+def eval_line(e: dict) -> str:
+    """The `[Eval ...]` learning.log line train.py writes for an eval row, in the format issue 10 fixes."""
+    stages = "  ".join(f"{s}={e[f'eval/stages/{s}']:.2f}" for s in STAGES)
     return (
-        f"[Epoch {r['epoch']:.2f}]  loss={r['loss']:.4f}  grad={r['grad_norm']:.4f}  "
-        f"lr={r['learning_rate']:.2e}  reward={mean_std}  syntax_rew={mean_std}  "
-        f"entropy={r['entropy']:.3f}  frac_zero_std={r['frac_reward_zero_std']:.2f}"
+        f"[Eval Epoch {e['epoch']:.2f}]  step={e['step']}  problems={e['eval/problems']}  "
+        f"samples={e['eval/samples']}  pass@1={e['eval/pass@1']:.3f}  "
+        f"reward={e['eval/reward']:.3f}±{e['eval/reward_std']:.3f}  {stages}"
     )
+
+
+def append_process(
+    folder: Path, rows: list[dict], evals: Sequence[dict] = (), resume_from: str | None = None, every: int = 1
+) -> None:
+    """What one train.py process appends: its header, then per logged step the learning.log line and the
+    metrics.jsonl row, with an eval line and row where an evaluation falls, and monitor lines between."""
+    folder.mkdir(parents=True, exist_ok=True)
+    log, metrics = folder / "learning.log", folder / "metrics.jsonl"
+    write_header(log, TrainConfig(logging_steps=every), {"logging_steps": "env"}, resume_from)
+    append_log_line(log, "# launch: distributed type: NO, processes: 1, device: cpu")
+    at_step = {e["step"]: e for e in evals}
+    for r in rows:
+        append_log_line(log, format_log_line(r))
+        append_log_line(metrics, json.dumps(r))
+        if r["step"] in at_step:
+            append_log_line(log, eval_line(at_step[r["step"]]))
+            append_log_line(metrics, json.dumps(at_step[r["step"]]))
+    append_log_line(log, "WARNING [Epoch 0.30] frac_zero_std=0.5 over the last 10 steps (expected < 0.10)")
 
 
 def write_run(folder: Path, rows: list[dict], *, metrics: bool = True, header: str = "") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     lines = [header.rstrip("\n")] if header else []
     (folder / "learning.log").write_text(
-        "\n".join(lines + [log_line(r) for r in rows]) + "\n", encoding="utf-8"
+        "\n".join(lines + [format_log_line(r) for r in rows]) + "\n", encoding="utf-8"
     )
     if metrics:
         summary = {"train_runtime": 12.0, "train_loss": 0.0, "epoch": rows[-1]["epoch"]}
@@ -234,13 +279,13 @@ def test_gated_gibberish_is_not_blamed_on_the_gate(tmp_path: Path) -> None:
 
 
 def test_cli_writes_analysis_md_and_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    folder = healthy(tmp_path)
+    folder = with_evals(tmp_path, pass1=lambda e: 0.05 + 0.3 * e, eval_reward=lambda e: 0.2)
     write_reward_logs(folder, [breakdown("passed", i, "let f x = x") for i in range(20)])
     assert analyze.main([str(folder)]) == 0
     printed = capsys.readouterr().out
     written = (folder / "analysis.md").read_text(encoding="utf-8")
     assert printed.strip() == written.strip() and written.startswith("Status: green\nDecision: continue\n")
-    for name in ("reward", "frac_zero_std", "entropy", "stages"):
+    for name in ("reward", "eval", "frac_zero_std", "entropy", "stages"):
         png = folder / f"analysis_{name}.png"
         assert png.read_bytes().startswith(PNG_MAGIC), name
         assert matplotlib.image.imread(png).shape[0] > 100
@@ -250,3 +295,102 @@ def test_cli_writes_analysis_md_and_valid_pngs(tmp_path: Path, capsys: pytest.Ca
 def test_cli_refuses_a_folder_without_logs(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"no metrics\.jsonl or learning\.log"):
         analyze.main([str(tmp_path)])
+
+
+def steps_of(rows: list[dict]) -> list[tuple[int, float]]:
+    return [(int(r["step"]), round(r.get("reward", r.get("eval/pass@1", -1.0)), 3)) for r in rows]
+
+
+def test_a_resumed_run_counts_each_step_once_the_later_one_wins_and_the_report_says_so(
+    tmp_path: Path,
+) -> None:
+    """issue 9: killed at step 13, resumed from checkpoint-10; evaluations every 4 steps."""
+    rng = random.Random(0)
+    before = [metrics_row(s, s / 40, 0.10, 0.0, 0.15, rng) for s in range(1, 14)]
+    after = [metrics_row(s, s / 40, 0.30, 0.0, 0.15, rng) for s in range(11, 31)]
+    append_process(tmp_path, before, [eval_row(s, s / 40, 0.05, 0.1) for s in (4, 8, 12)])
+    append_process(tmp_path, after, [eval_row(s, s / 40, 0.15, 0.3) for s in (12, 16, 20)], "checkpoint-10")
+    expected = [(s, 0.1 if s <= 10 else 0.3) for s in range(1, 31)]
+    expected_evals = [(4, 0.05), (8, 0.05), (12, 0.15), (16, 0.15), (20, 0.15)]
+    sentence = re.compile(
+        r"^- Resumed from checkpoint-10 at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d; steps 11-13 were logged twice, "
+        r"the later ones count\.$",
+        re.M,
+    )
+    for source in (tmp_path, tmp_path / "learning.log"):  # metrics.jsonl, then learning.log alone
+        run = analyze.load_run(source)
+        assert steps_of(run.history) == expected, source
+        assert steps_of(run.evals) == expected_evals, source
+        markdown = analyze.analyze(run).markdown
+        assert len(sentence.findall(markdown)) == 1, markdown
+        assert "30 logged steps with rewards" in markdown
+    assert analyze.load_run(tmp_path).source == "metrics.jsonl"
+
+
+def test_steps_follow_logging_steps_across_two_resumes(tmp_path: Path) -> None:
+    """Logging every 2nd step: killed at 13 (checkpoint-8), the resumed run killed again after logging
+    step 10, then resumed from checkpoint-8 once more."""
+    rng = random.Random(1)
+
+    def rows(steps: range, reward: float) -> list[dict]:
+        return [metrics_row(s, s / 40, reward, 0.0, 0.15, rng) for s in steps]
+
+    append_process(tmp_path, rows(range(2, 13, 2), 0.1), every=2)
+    append_process(tmp_path, rows(range(10, 11, 2), 0.2), resume_from="checkpoint-8", every=2)
+    append_process(tmp_path, rows(range(10, 21, 2), 0.3), resume_from="checkpoint-8", every=2)
+    expected = [(s, 0.1 if s <= 8 else 0.3) for s in range(2, 21, 2)]
+    assert steps_of(analyze.load_run(tmp_path).history) == expected
+    run = analyze.load_run(tmp_path / "learning.log")
+    assert steps_of(run.history) == expected
+    first, second = (resume.sentence() for resume in run.resumes)
+    assert first.endswith(
+        "; step 10 was logged twice, the later ones count; step 12 was not reached again, so what the "
+        "earlier run logged there is left out."
+    )
+    assert second.endswith("; step 10 was logged twice, the later ones count.")
+
+
+def test_eval_lines_read_as_the_metrics_rows_and_bad_ones_are_skipped() -> None:
+    row = eval_row(20, 0.5, 0.25, 0.231)
+    assert analyze.parse_eval_line(eval_line(row)) == pytest.approx(row)
+    assert analyze.parse_eval_line(eval_line(row).replace("±", "Â±")) == pytest.approx(row)
+    for other in (
+        "[Eval Epoch 0.50]  step=20  pass@1=x",
+        "[Eval Epoch 0.50]  problems=40  pass@1=0.1",  # no step: cannot be placed
+        "[Epoch 0.50]  step=20  pass@1=0.1",
+        "# [Eval Epoch 0.50]  step=20  pass@1=0.1",
+    ):
+        assert analyze.parse_eval_line(other) is None
+        assert analyze.parse_log_line(other) is None
+
+
+def with_evals(folder: Path, pass1, eval_reward) -> Path:
+    """The healthy run (reward 0.05 -> 0.55 over one epoch) with an evaluation every 0.2 epochs."""
+    healthy(folder)
+    rows = [eval_row(12 * i, 0.2 * i, pass1(0.2 * i), eval_reward(0.2 * i)) for i in range(1, 6)]
+    with open(folder / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write("\n" + "".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_training_reward_rising_while_eval_pass_at_1_stays_flat_is_memorising(tmp_path: Path) -> None:
+    result = report(with_evals(tmp_path, pass1=lambda e: 0.10, eval_reward=lambda e: 0.2))
+    markdown = result.markdown
+    assert (result.status, result.decision) == ("yellow", "adjust"), markdown
+    assert "Memorising the training problems" in markdown and "**Struggling.** Memorising" in markdown
+    assert "export GRPO_LEARNING_RATE=2.5e-6  # memorising the training problems" in markdown
+    assert "## Held-out evaluation" in markdown and "40 problems, 1 sample(s) each" in markdown
+    assert "| Step | Epoch | pass@1 | Reward | Passed |" in markdown
+    assert "| 36 | 0.60 | 10.0% | 0.200 | 10.0% |" in markdown
+    assert "**Memorising.** `eval pass@1 gain` = 0 over 5 evaluations at epoch 0.20-1.00" in markdown
+
+
+@pytest.mark.parametrize(
+    ("pass1", "eval_reward"),
+    [(lambda e: 0.05 + 0.3 * e, lambda e: 0.2), (lambda e: 0.10, lambda e: 0.05 + 0.4 * e)],
+    ids=["pass@1 rises", "eval reward keeps pace"],
+)
+def test_eval_progress_is_not_memorising(tmp_path: Path, pass1, eval_reward) -> None:
+    result = report(with_evals(tmp_path, pass1, eval_reward))
+    assert (result.status, result.decision) == ("green", "continue"), result.markdown
+    assert "No sign of memorising: `eval pass@1 gain`" in result.markdown

@@ -139,8 +139,10 @@ def replay(rows: list[dict], stop: bool = False, main: bool = True) -> tuple[lis
     health = HealthMonitor(lines.append, stop_on_red_flags=stop)
     state = TrainerState(is_world_process_zero=main)
     control = TrainerControl()
+    health.on_train_begin(Args(), state, control)
     for r in rows:
         state.epoch = r["epoch"]
+        state.global_step += 1
         health.on_log(Args(), state, control, logs=dict(r))
         if control.should_training_stop:
             break
@@ -241,3 +243,181 @@ def test_random_samples_point_at_the_base_model_not_a_hotter_sampler() -> None:
     changes = [change for c in checks.values() if c.ok is False for change, _ in c.advice]
     assert "python test_base_model.py" in changes and "GRPO_TEMPERATURE=0.8" in changes
     assert "GRPO_TEMPERATURE=1.1" not in changes
+
+
+def evals(pass1, reward, epochs=(0.2, 0.4, 0.6, 0.8, 1.0)) -> list[dict]:
+    """Held-out evaluations as train.py writes them to metrics.jsonl (40 steps per epoch)."""
+    return [
+        {
+            "step": round(40 * e),
+            "epoch": e,
+            "eval/problems": 40,
+            "eval/pass@1": pass1(e),
+            "eval/reward": reward(e),
+        }
+        for e in epochs
+    ]
+
+
+def test_one_per_step_lets_the_later_row_win_and_drops_the_stretch_the_resume_redoes() -> None:
+    killed = [{"step": s, "run": 1} for s in range(1, 14)]
+    resumed = [{"step": s, "run": 2} for s in (11, 12)]  # from checkpoint-10, not yet at step 13
+    kept = monitor.one_per_step([*killed, *resumed])
+    assert [(r["step"], r["run"]) for r in kept] == [(s, 1) for s in range(1, 11)] + [(11, 2), (12, 2)]
+
+
+def test_metric_history_splits_steps_from_evaluations_and_leaves_other_events_out() -> None:
+    steps = [{"step": i, **row(i / 40, 0.2, 0.0)} for i in range(1, 5)]
+    rows = [
+        *steps,
+        *evals(lambda e: 0.1, lambda e: 0.2, (0.05,)),
+        {"step": 4, "train_runtime": 3.0},
+        {"reward": 1},
+    ]
+    history, found = monitor.metric_history([*rows, {"step": 2, **row(0.05, 0.4, 0.0)}])
+    assert [(r["step"], r["reward"]) for r in history] == [(1, 0.2), (2, 0.4)]
+    assert [(e["step"], e["eval/pass@1"]) for e in found] == [(2, 0.1)]
+
+
+def test_a_resumed_monitor_starts_from_the_steps_before_its_checkpoint_and_warns_again() -> None:
+    """Killed at step 13 with mode collapse, resumed from checkpoint-10; the collapse then clears."""
+    killed = [{"step": i, **row(i / 40, 0.3, 0.5)} for i in range(1, 14)]
+    killed += evals(lambda e: 0.1, lambda e: 0.2, (0.2, 0.3))  # steps 8 and 12
+    lines: list[str] = []
+    health = HealthMonitor(lines.append, stop_on_red_flags=False, earlier=killed)
+    state = TrainerState(global_step=10, epoch=0.25, is_world_process_zero=True)
+    health.on_train_begin(Args(), state, TrainerControl())
+    assert [r["step"] for r in health.history] == list(range(1, 11))
+    assert [e["step"] for e in health.evals] == [8]
+    assert lines == [
+        "WARNING [Epoch 0.25] frac_zero_std=0.5 over the last 10 steps (expected < 0.10): groups whose "
+        "completions all score the same give GRPO no learning signal. Try GRPO_TEMPERATURE=1.1 "
+        "GRPO_NUM_GENERATIONS=8"
+    ]
+    for i in range(11, 31):
+        state.global_step, state.epoch = i, i / 40
+        health.on_log(Args(), state, TrainerControl(), logs=row(i / 40, 0.3, 0.0))
+    assert [r["step"] for r in health.history] == list(range(1, 31))
+    assert len(lines) == 2 and lines[1].startswith("OK [Epoch") and "frac_zero_std=" in lines[1]
+
+
+def test_a_fresh_monitor_ignores_rows_past_its_start() -> None:
+    lines: list[str] = []
+    health = HealthMonitor(lines.append, stop_on_red_flags=False, earlier=[{"step": 1, **row(0.1, 0.1, 1.0)}])
+    health.on_train_begin(Args(), TrainerState(), TrainerControl())
+    assert health.history == [] and lines == []
+
+
+def gained(g: float):
+    """pass@1 (or eval reward) rising by g over the evaluations at epoch 0.2-1.0."""
+    return lambda e: 0.1 + g * (e - 0.2) / 0.8
+
+
+@pytest.mark.parametrize(
+    ("history", "pass1", "reward", "ok"),
+    [
+        (healthy(), gained(0.0), gained(0.0), False),  # training reward +0.4, held-out flat
+        (healthy(), gained(0.04), gained(0.0), False),  # less than two of 40 problems more
+        (healthy(), gained(0.06), gained(0.0), True),
+        (
+            healthy(),
+            gained(0.0),
+            gained(0.25),
+            True,
+        ),  # eval reward keeps half the pace: learning, no passes yet
+        (healthy(), gained(0.0), gained(0.15), False),
+        (collapsed(), gained(0.0), gained(0.0), True),  # nothing rises: other checks speak
+    ],
+)
+def test_memorising_is_training_reward_rising_while_eval_pass_at_1_stays_flat(
+    history, pass1, reward, ok
+) -> None:
+    check = monitor.check_memorising(history, evals(pass1, reward), Knobs())
+    assert check.ok is ok, check
+    assert check.span == "5 evaluations at epoch 0.20-1.00"
+    assert check.advice[0][0] == "GRPO_LEARNING_RATE=2.5e-6"
+
+
+def test_memorising_needs_three_evaluations_over_a_fifth_of_an_epoch() -> None:
+    flat = gained(0.0)
+    assert monitor.check_memorising(healthy(), evals(flat, flat)[:2], Knobs()).ok is None
+    assert monitor.check_memorising(healthy(), evals(flat, flat, (0.85, 0.9, 0.95, 1.0)), Knobs()).ok is None
+    assert monitor.check_memorising(healthy(), [], Knobs()).value is None
+
+
+def test_monitor_warns_live_once_when_evaluations_show_memorising() -> None:
+    lines: list[str] = []
+    health = HealthMonitor(lines.append, stop_on_red_flags=False)
+    state = TrainerState(is_world_process_zero=True)
+    control = TrainerControl()
+    health.on_train_begin(Args(), state, control)
+    flat = evals(gained(0.0), gained(0.0))
+    for i, r in enumerate(healthy(steps=40), 1):
+        state.global_step, state.epoch = i, r["epoch"]
+        health.on_log(Args(), state, control, logs=dict(r))
+        for e in flat:
+            if e["step"] == i:
+                health.add_eval(e)
+    memorising = [line for line in lines if "eval pass@1 gain" in line]
+    assert len(memorising) == 1, lines
+    assert memorising[0].startswith(
+        "WARNING [Epoch 0.60] eval pass@1 gain=0 over 3 evaluations at epoch 0.20-0.60 (expected >= 0.05 "
+        "when the training reward gains > 0.10 (here 0.2) and the eval reward less than half as much "
+        "(here 0)): "
+    )
+    assert memorising[0].endswith("Try GRPO_LEARNING_RATE=2.5e-6")
+
+
+def test_a_resumed_grpo_run_gives_the_monitor_each_step_once(tmp_path: Path, tiny_model: Path) -> None:
+    """Real TRL: 7 steps with checkpoint-5 (as if killed at step 7), then --resume from checkpoint-5 to step 9
+    with a new monitor given the first run's log events, as train.py reads them back from metrics.jsonl."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    dataset = Dataset.from_list([{"prompt": f"let f{i} x ="} for i in range(8)])
+    log: list[str] = []  # learning.log in short: the step lines and the monitors' lines, in order
+    events: list[dict] = []  # metrics.jsonl
+
+    class Events(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            events.append({"step": state.global_step, **logs})
+            log.append(f"step {state.global_step}")
+
+    def train(steps: int, reward: float, health: HealthMonitor, resume: str | None) -> None:
+        def constant_reward(completions, **kwargs) -> list[float]:
+            return [reward] * len(completions)
+
+        args = GRPOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=8,
+            max_steps=steps,
+            logging_steps=1,
+            save_steps=5,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+        )
+        GRPOTrainer(
+            model=str(tiny_model),
+            reward_funcs=[constant_reward],
+            args=args,
+            train_dataset=dataset,
+            processing_class=AutoTokenizer.from_pretrained(tiny_model),
+            callbacks=[Events(), health],
+        ).train(resume_from_checkpoint=resume)
+
+    train(7, 0.1, HealthMonitor(log.append, stop_on_red_flags=False), None)
+    resumed = HealthMonitor(log.append, stop_on_red_flags=False, earlier=list(events))
+    train(9, 0.3, resumed, str(tmp_path / "checkpoint-5"))
+    assert [e["step"] for e in events if "reward" in e] == [1, 2, 3, 4, 5, 6, 7, 6, 7, 8, 9]
+    assert [r["step"] for r in resumed.history] == list(range(1, 10))
+    assert [r["reward"] for r in resumed.history] == pytest.approx([0.1] * 5 + [0.3] * 4)
+    # The collapse is written again when the resumed run starts, before its first step.
+    second_run = log[log.index("step 7") + 1 :]
+    again = next(
+        i for i, line in enumerate(second_run) if line.startswith("WARNING") and "frac_zero_std=1 " in line
+    )
+    assert again < second_run.index("step 6")
