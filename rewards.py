@@ -23,8 +23,10 @@ import json
 import os
 import re
 import sys
+import textwrap
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,10 +175,12 @@ class RewardConfig:
 IDENT = r"[a-z_][A-Za-z0-9_']*"
 TYPE_NAME = re.compile(rf"^(?:type|and)\s+(?:nonrec\s+)?(?:'\w+\s+|\([^)]*\)\s+)?({IDENT})", re.M)
 FENCE_OPEN = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n")
-FENCE_CLOSE = re.compile(r"^[ \t]*```", re.M)
 TOP_LEVEL = re.compile(r"^(?:let|type|module|exception|open|include|external|class|\(\*)\b", re.M)
 PROSE = re.compile(r"^[A-Z][\w'!,]*(?:[ \t]+[\w',()`!-]+)+[ \t]*[:.!]?[ \t]*$")
 ENGLISH = re.compile(r"\b(?:is|are|the|here|this|solution|code|answer|implementation|following|sure)\b", re.I)
+ENDS_WITH_IN = re.compile(r"\bin\s*\Z")
+# A `\\` (OCaml's escaped backslash) is matched whole, so the `n` after it never reads as a line break.
+ESCAPED_LINE_BREAK = re.compile(r"\\\\|\\n")
 
 
 @dataclass(frozen=True)
@@ -195,6 +199,27 @@ def parse_problem(text: str) -> Problem:
     match = signatures[-1]
     types = text[: match.start()]
     return Problem(types, text[match.start() :].strip(), match.group(2), frozenset(TYPE_NAME.findall(types)))
+
+
+def unescape_line_breaks(text: str) -> str:
+    """A prompt or tests field with its line breaks: a text with no line break but the two characters `\\n`
+    (how some CSV exports write one) gets each of them back as a line break."""
+    if "\n" in text:
+        return text
+    return ESCAPED_LINE_BREAK.sub(lambda m: "\n" if m.group() == "\\n" else m.group(), text)
+
+
+def problem_and_tests(row: Mapping) -> tuple[str, str]:
+    """(prompt, tests) of a dataset row, line breaks unescaped; ValueError naming what the row lacks."""
+    problem = row.get("prompt") if row.get("prompt") is not None else row.get("problem")
+    tests = row.get("tests")
+    if not isinstance(problem, str) or not problem.strip():
+        raise ValueError("no prompt (or problem) text")
+    if not isinstance(tests, str) or not tests.strip():
+        raise ValueError("no tests")
+    problem = unescape_line_breaks(problem).strip()
+    parse_problem(problem)  # the reward's own reading of a prompt: it needs a final `let f ... =`
+    return problem, unescape_line_breaks(tests)
 
 
 def completion_text(completion: Any) -> str:
@@ -216,19 +241,55 @@ def ends_with_marker(text: str) -> bool:
     return tail.endswith(END_MARKER)
 
 
-def extract_code(text: str) -> str:
-    """The code of a completion: the first fenced block (or the text after prose), cut at END."""
+def extract_code(text: str, function: str) -> str:
+    """The code of a completion, cut at END and dedented: the first fenced block that defines `function`,
+    else the first fenced block, else the text after leading prose lines. A reply often adds a block
+    with a usage example, before or after the answer; a body-only answer defines nothing, so the first
+    block it is."""
+    text = text.replace("\r\n", "\n")
+    blocks = [_as_code(block) for block in _fenced_blocks(text)]
+    if blocks:
+        return next((code for code in blocks if own_definition(code, function) is not None), blocks[0])
+    lines = text.split("\n")
+    while lines and (not lines[0].strip() or _is_prose(lines[0].strip())):
+        lines.pop(0)
+    return _as_code("\n".join(lines))
+
+
+def _fenced_blocks(text: str) -> list[str]:
+    """What each fenced block holds; a closing fence may end a line of code, the last one may be missing."""
+    blocks = []
     fence = FENCE_OPEN.search(text)
-    if fence:
-        code = text[fence.end() :]
-        close = FENCE_CLOSE.search(code)
-        code = code[: close.start()] if close else code
-    else:
-        lines = text.split("\n")
-        while lines and (not lines[0].strip() or _is_prose(lines[0].strip())):
-            lines.pop(0)
-        code = "\n".join(lines)
-    return code.split(END_MARKER, 1)[0].rstrip()
+    while fence:
+        close = text.find("```", fence.end())
+        if close < 0:
+            return [*blocks, text[fence.end() :]]
+        blocks.append(text[fence.end() : close])
+        fence = FENCE_OPEN.search(text, close + 3)
+    return blocks
+
+
+def _as_code(chunk: str) -> str:
+    """The chunk cut at END, without the indentation all its lines share (a block inside a list item has
+    some), so that its top-level definitions start their lines as assemble_solution expects."""
+    return textwrap.dedent(chunk.split(END_MARKER, 1)[0]).rstrip()
+
+
+def own_definition(code: str, function: str) -> int | None:
+    """Where the line with the completion's own `let [rec] f` starts: the first code line, or a later line
+    that starts with it after code that does not end with `in` (in a body-only answer, `let f = ... in`
+    is a local value). One pass over the lines: this runs on every completion."""
+    definition = re.compile(rf"([ \t]*)let\s+(rec\s+)?{re.escape(function)}\b")
+    offset, previous = 0, None  # previous: the last line that holds code, its comments removed
+    # strip_comments keeps every line break, so the two lists line up.
+    for line, code_line in zip(code.split("\n"), strip_comments(code).split("\n"), strict=True):
+        match = definition.match(line) if definition.match(code_line) else None  # not inside a comment
+        if match and (previous is None or not (match.group(1) or ENDS_WITH_IN.search(previous))):
+            return offset
+        if code_line.strip():
+            previous = code_line
+        offset += len(line) + 1
+    return None
 
 
 def _is_prose(line: str) -> bool:
@@ -255,22 +316,24 @@ def assemble_solution(problem: Problem, completion_code: str) -> str:
     full definitions keep their own. `let rec` either way, so recursive bodies work whichever the prompt
     said."""
     code = _drop_repeated_types(completion_code, problem.type_names)
-    name = re.escape(problem.function)
-    first = next((line for line in code.split("\n") if line.strip()), "")
-    own = re.search(rf"^let\s+(rec\s+)?{name}\b", code, re.M) or re.match(
-        rf"\s*let\s+(rec\s+)?{name}\b", first
-    )
-    if own:
+    start = own_definition(code, problem.function)
+    if start is not None:
         # A definition with parameters may always be `let rec`; `let rec f = g` would not compile.
-        return re.sub(
-            rf"^([ \t]*)let\s+(?!rec\b)({name}\b)(?!\s*=)", r"\1let rec \2", code, count=1, flags=re.M
+        definition = re.sub(
+            rf"\A([ \t]*)let\s+(?!rec\b)({re.escape(problem.function)}\b)(?!\s*=)",
+            r"\1let rec \2",
+            code[start:],
+            count=1,
         )
+        return code[:start] + definition
     signature = re.sub(r"^let\s+(?!rec\b)", "let rec ", problem.signature, count=1)
     return f"{signature}\n{code}"
 
 
 def strip_comments(code: str) -> str:
     """OCaml source without its (nested) comments; string literals are kept intact."""
+    if "(*" not in code:
+        return code
     out: list[str] = []
     depth = 0
     i = 0
@@ -394,7 +457,7 @@ def prepare(
         parsed = parse_problem(problem)
     except ValueError as exc:
         return Prepared(text, structural_ok, truncated, None, _unscored(str(exc)))
-    solution = assemble_solution(parsed, extract_code(text))
+    solution = assemble_solution(parsed, extract_code(text, parsed.function))
     lines = code_lines(solution)
     if lines < cfg.min_non_empty_lines:
         reason = f"{lines} code lines, fewer than MIN_NON_EMPTY_LINES={cfg.min_non_empty_lines}"
@@ -578,21 +641,33 @@ def load_rows(path: Path) -> list[dict]:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise SystemExit(f"{path}:{number}: not JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise SystemExit(f"{path}:{number}: not a JSON object")
+                rows.append(row)
     return rows
 
 
+def problems_by_id(path: Path) -> dict[str, tuple[str, str]]:
+    """{id: (prompt, tests)} of a problems file; a malformed row is named on stderr and left out, so the
+    completions of that problem score 0 and the others are scored."""
+    problems: dict[str, tuple[str, str]] = {}
+    for index, row in enumerate(load_rows(path)):
+        has_id = row.get("id") not in (None, "")
+        name = str(row["id"]) if has_id else f"row {index}"
+        try:
+            if not has_id or name in problems:
+                raise ValueError("duplicate id" if has_id else "no id")
+            problems[name] = problem_and_tests(row)
+        except ValueError as exc:
+            print(f"{path}: skipped problem {name}: {exc}", file=sys.stderr)
+    return problems
+
+
 def score_files(problems_path: Path, completions_path: Path, cfg: RewardConfig) -> list[dict]:
-    problems = {}
-    for row in load_rows(problems_path):
-        text = row.get("prompt") or row.get("problem")
-        if "id" not in row or not text or not row.get("tests"):
-            raise SystemExit(
-                f"{problems_path}: every row needs id, prompt (or problem) and tests; got {row!r:.120}"
-            )
-        problems[str(row["id"])] = (text, row["tests"])
+    problems = problems_by_id(problems_path)
     items = []
     for row in load_rows(completions_path):
         problem, tests = problems.get(str(row.get("problem_id")), (None, None))
@@ -614,7 +689,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg, _ = config.resolve(RewardConfig, args)
     except ConfigError as exc:
         parser.error(str(exc))
-    for breakdown in score_files(args.problems, args.completions, cfg):
+    try:
+        breakdowns = score_files(args.problems, args.completions, cfg)
+    except OSError as exc:
+        parser.error(f"{exc.filename}: {exc.strerror}")
+    for breakdown in breakdowns:
         shown = {"problem_id": breakdown["problem_id"], "total": breakdown["total_reward"]}
         shown.update((k, v) for k, v in breakdown.items() if k not in ("problem_id", "total_reward"))
         print(json.dumps(shown), flush=True)

@@ -18,6 +18,7 @@ from rewards import END_MARKER, RewardConfig, SyntaxAwareReward, score_batch, sc
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = [json.loads(line) for line in (ROOT / "data" / "problems.jsonl").read_text().splitlines() if line]
+HELDOUT = [json.loads(line) for line in (ROOT / "data" / "heldout.jsonl").read_text().splitlines() if line]
 NO_GATE = RewardConfig(min_non_empty_lines=0)
 
 PROBLEM = "(** Sum the integers of [xs]. *)\nlet sum_list (xs : int list) : int ="
@@ -33,10 +34,15 @@ def signature(problem: dict) -> str:
     return rewards.parse_problem(problem["prompt"]).signature
 
 
+def indented(code: str, indent: str) -> str:
+    return "\n".join(indent + line if line.strip() else line for line in code.split("\n"))
+
+
 def shapes(problem: dict) -> dict[str, str]:
     """The ways a model writes a correct answer down."""
     body, sig, prompt = problem["solution"], signature(problem), problem["prompt"]
     plain_let = sig.replace("let rec ", "let ", 1)
+    call = f"# {problem['id']} ;;"  # a toplevel session: a syntax error if it were read as the answer
     return {
         "body, END after": f"{body}\n{END_MARKER}",
         "body in fence, END inside": f"```ocaml\n{body}\n{END_MARKER}\n```",
@@ -45,6 +51,14 @@ def shapes(problem: dict) -> dict[str, str]:
         "whole prompt repeated (types too)": f"```ocaml\n{prompt}{body}\n```\n{END_MARKER}",
         "signature with plain let": f"{plain_let}{body}\n{END_MARKER}",
         "prose, no fence": f"Here is the solution:\n{body}\n{END_MARKER}",
+        "list item, indented fence, comment first": "1. The function:\n\n"
+        + indented(f"```ocaml\n(* {problem['id']} *)\n{sig}{body}\n{END_MARKER}\n```", "   "),
+        "tab-indented fence, helper first": "```ocaml\n"
+        + indented(f"let unused_helper x = x\n\n{sig}{body}", "\t")
+        + f"\n```\n{END_MARKER}",
+        "```ml tag, Windows line ends": f"```ml\n{sig}{body}\n{END_MARKER}\n```".replace("\n", "\r\n"),
+        "usage block first, fence closed on the last code line": f"```ocaml\n{call}\n```\n\n```OCaml\n"
+        + f"{sig}{body}```\n{END_MARKER}",
     }
 
 
@@ -61,14 +75,14 @@ def test_reference_solutions_earn_full_marks_in_every_shape():
         if r["total_reward"] != 1
     ]
     assert not wrong
-    assert len(results) == 7 * len(PROBLEMS) >= 7 * 40
+    assert len(results) == 11 * len(PROBLEMS) >= 11 * 40
 
 
 def test_problem_types_are_kept_and_repeated_ones_dropped():
     tree = next(p for p in PROBLEMS if "type " in p["prompt"])
     parsed = rewards.parse_problem(tree["prompt"])
     solution = rewards.assemble_solution(
-        parsed, rewards.extract_code(shapes(tree)["whole prompt repeated (types too)"])
+        parsed, rewards.extract_code(shapes(tree)["whole prompt repeated (types too)"], parsed.function)
     )
     assert "type " not in rewards.strip_comments(solution)
     assert parsed.type_names and all(f"type {name}" in parsed.types for name in parsed.type_names)
@@ -76,12 +90,12 @@ def test_problem_types_are_kept_and_repeated_ones_dropped():
 
 def test_extract_code_drops_prose_but_not_code():
     assert (
-        rewards.extract_code("Sure! Here is the code:\n\n  Some (f x y)\n(* END *)\nHope it helps.")
-        == "  Some (f x y)"
+        rewards.extract_code("Sure! Here is the code:\n\n  Some (f x y)\n(* END *)\nHope it helps.", "f")
+        == "Some (f x y)"
     )
-    assert rewards.extract_code("Some (f x y)") == "Some (f x y)"
-    assert rewards.extract_code("Intro.\n```ocaml\nlet x = 1\n(* END *)\n```\nMore text") == "let x = 1"
-    assert rewards.extract_code("```\nlet x = 1\n") == "let x = 1"  # cut before the closing fence
+    assert rewards.extract_code("Some (f x y)", "f") == "Some (f x y)"
+    assert rewards.extract_code("Intro.\n```ocaml\nlet x = 1\n(* END *)\n```\nMore text", "f") == "let x = 1"
+    assert rewards.extract_code("```\nlet x = 1\n", "f") == "let x = 1"  # an unclosed fence runs to the end
     assert rewards.ends_with_marker("code\n(* END *)\n```\n  ") and not rewards.ends_with_marker(
         "(* END *) x"
     )
@@ -347,6 +361,101 @@ def test_cli_reads_csv_problems_and_names_bad_settings(tmp_path):
         timeout=120,
     )
     assert bad.returncode != 0 and "RUNAWAY_PENALTY_MULTIPLIER" in bad.stderr
+
+
+def escaped(text: str) -> str:
+    """A field as some CSV exports write it: each line break as the two characters `\\n`."""
+    return text.replace("\n", "\\n")
+
+
+def test_escaped_line_breaks_read_back_exactly():
+    fields = [p[key] for p in PROBLEMS + HELDOUT for key in ("prompt", "tests", "solution")]
+    assert [rewards.unescape_line_breaks(escaped(text)) for text in fields] == fields
+    # An OCaml `\\` stays a pair, and a text with a real line break is left as it is.
+    assert rewards.unescape_line_breaks(r'print_string "a\\n";\nexit 0') == 'print_string "a\\\\n";\nexit 0'
+    assert rewards.unescape_line_breaks('let s = "a\\n"\nlet t = s') == 'let s = "a\\n"\nlet t = s'
+
+
+def write_escaped_csv(path: Path, extra_rows: list[dict]) -> Path:
+    """The bundled problems with escaped line breaks, and extra_rows after the third."""
+    import csv
+
+    rows = [{key: escaped(p[key]) for key in ("id", "prompt", "tests", "solution")} for p in PROBLEMS]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["id", "prompt", "tests", "solution"])
+        writer.writeheader()
+        writer.writerows(rows[:3] + extra_rows + rows[3:])
+    return path
+
+
+def test_both_loaders_read_escaped_csv_as_the_original(tmp_path, capsys):
+    from train import load_problems
+
+    assert any("type " in p["prompt"] for p in PROBLEMS) and any("type " not in p["prompt"] for p in PROBLEMS)
+    source = write_escaped_csv(tmp_path / "problems.csv", [{"id": "no_tests", "prompt": escaped(PROBLEM)}])
+    warnings: list[str] = []
+    loaded = load_problems(str(source), warn=warnings.append)
+    assert [(p["id"], p["problem"], p["tests"], p["solution"]) for p in loaded] == [
+        (p["id"], p["prompt"], p["tests"], p["solution"]) for p in PROBLEMS
+    ]
+    assert warnings == ["skipped problem no_tests: no tests"]
+    assert rewards.problems_by_id(source) == {p["id"]: (p["problem"], p["tests"]) for p in loaded}
+    assert capsys.readouterr().err == f"{source}: skipped problem no_tests: no tests\n"
+
+
+def test_cli_scores_escaped_problems_and_names_malformed_rows(tmp_path):
+    bad_rows = [
+        {"id": "no_tests", "prompt": escaped(PROBLEM), "tests": ""},
+        {"id": "", "prompt": escaped(PROBLEM), "tests": escaped(TESTS)},
+        {"id": "no_signature", "prompt": "(** nothing to complete *)", "tests": escaped(TESTS)},
+        {"id": PROBLEMS[0]["id"], "prompt": escaped(PROBLEM), "tests": escaped(TESTS)},
+    ]
+    problems = write_escaped_csv(tmp_path / "problems.csv", bad_rows)
+    completions = tmp_path / "completions.jsonl"
+    rows = [{"problem_id": p["id"], "completion": shapes(p)["signature with plain let"]} for p in PROBLEMS]
+    rows.insert(1, {"problem_id": "no_tests", "completion": f"  List.fold_left ( + ) 0 xs\n{END_MARKER}"})
+    completions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "rewards.py",
+            "score",
+            str(problems),
+            str(completions),
+            "--min-non-empty-lines",
+            "0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stderr.splitlines() if "skipped" in line] == [
+        f"{problems}: skipped problem no_tests: no tests",
+        f"{problems}: skipped problem row 4: no id",
+        f"{problems}: skipped problem no_signature: the problem has no signature line `let f ... =`",
+        f"{problems}: skipped problem {PROBLEMS[0]['id']}: duplicate id",
+    ]
+    printed = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["problem_id"] for r in printed] == [r["problem_id"] for r in rows]
+    assert (printed[1]["total"], printed[1]["stage"]) == (0.0, "gated")
+    assert [r["total"] for r in printed[:1] + printed[2:]] == [1.0] * len(PROBLEMS)
+
+
+def test_problem_files_name_what_is_wrong(tmp_path):
+    not_an_object = tmp_path / "problems.jsonl"
+    not_an_object.write_text('{"id": "a"}\n["id", "prompt"]\n')
+    with pytest.raises(SystemExit, match=r"problems.jsonl:2: not a JSON object"):
+        rewards.load_rows(not_an_object)
+    missing = subprocess.run(
+        [sys.executable, "rewards.py", "score", str(tmp_path / "nothing.jsonl"), str(not_an_object)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 2 and "nothing.jsonl: No such file or directory" in missing.stderr
 
 
 ocaml_ish = st.lists(
