@@ -1,5 +1,7 @@
-"""bench/train_step.py --tiny: train.py's real GRPO run on the tiny model, timed and tabulated."""
+"""bench/train_step.py --tiny: train.py's real GRPO runs on the tiny model, plain and compiled sampling in one
+invocation, timed and tabulated, with the compiled sampler's checks."""
 
+import re
 import subprocess
 import sys
 
@@ -7,6 +9,8 @@ from train import ROOT
 
 COLUMNS = [
     "device",
+    "sampling",
+    "checkpointing",
     "step s",
     "generation s",
     "reward s",
@@ -15,28 +19,38 @@ COLUMNS = [
     "completions/s",
     "completion tokens",
     "peak memory GiB",
+    "first-step compile s",
 ]
 
 
-def test_tiny_run_prints_the_table_with_positive_figures() -> None:
+def test_tiny_runs_print_one_row_per_sampling_path_and_the_checks() -> None:
     result = subprocess.run(
-        [sys.executable, "bench/train_step.py", "--tiny", "--steps", "2"],
+        [sys.executable, "bench/train_step.py", "--tiny", "--steps", "2", "--gradient-checkpointing", "off"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
-    assert len(table) == 3, result.stdout[-2000:]
-    header, rule, row = ([cell.strip() for cell in line.strip("|").split("|")] for line in table)
+    assert len(table) == 4, result.stdout[-2000:]
+    header, rule, *rows = ([cell.strip() for cell in line.strip("|").split("|")] for line in table)
     assert header == COLUMNS
     assert set(rule) == {"---"}
-    assert row[0].startswith("CPU")
-    figures = dict(zip(header[1:], map(float, row[1:]), strict=True))
-    assert all(value > 0 for value in figures.values()), figures
-    # The split adds up: generation + reward + update is the step (each rounded to 3 significant digits).
-    parts = figures["generation s"] + figures["reward s"] + figures["update s"]
-    assert abs(parts - figures["step s"]) <= 0.02 * figures["step s"]
-    assert 0 < figures["completion tokens"] <= 512
+    assert [row[1:3] for row in rows] == [["plain", "off"], ["compiled", "off"]]
+    assert all(row[0].startswith("CPU") for row in rows)
+    for row in rows:
+        figures = dict(zip(header[3:], map(float, row[3:]), strict=True))
+        compile_s = figures.pop("first-step compile s")  # a difference of two timings: either sign
+        assert abs(compile_s) < 60
+        assert all(value > 0 for value in figures.values()), figures
+        # The split adds up: generation + reward + update is the step (each rounded to 3 significant digits).
+        parts = figures["generation s"] + figures["reward s"] + figures["update s"]
+        assert abs(parts - figures["step s"]) <= 0.02 * figures["step s"]
+        assert 0 < figures["completion tokens"] <= 512
     assert "worst case for generation" in result.stdout
+    assert "compiled, checkpointing off: base weights bit-identical after 2 steps: yes" in result.stdout
+    agreement = re.search(
+        r"\(float32, (\d+) completion tokens\): max \|log-prob difference\| (\S+);", result.stdout
+    )
+    assert agreement and int(agreement[1]) > 1000 and float(agreement[2]) < 1e-4, result.stdout[-1000:]
