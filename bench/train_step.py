@@ -149,6 +149,8 @@ def timed_run(flags: list[str], out: Path) -> tuple[dict, GRPOTrainer, bool]:
     first: dict = {}
 
     def remember_first(method: Callable) -> Callable:
+        """`method`, taking the trainer and its base weights on the first call (outside the timing)."""
+
         def wrapper(trainer, *args, **kwargs):
             if not first:
                 first.update(trainer=trainer, weights=base_weights(trainer.model))
@@ -159,7 +161,7 @@ def timed_run(flags: list[str], out: Path) -> tuple[dict, GRPOTrainer, bool]:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # each run's own peak
     with (
-        mock.patch.object(GRPOTrainer, "_generate", timed(remember_first(GRPOTrainer._generate), generation)),
+        mock.patch.object(GRPOTrainer, "_generate", remember_first(timed(GRPOTrainer._generate, generation))),
         mock.patch.object(GRPOTrainer, "_calculate_rewards", timed(GRPOTrainer._calculate_rewards, reward)),
     ):
         # An empty environment: the shell's .envrc must not change the seed's settings.
