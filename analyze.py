@@ -630,6 +630,16 @@ def save_plots(run: Run, folder: Path) -> list[Path]:
     return paths
 
 
+def write_report(run: Run) -> tuple[Analysis, list[Path]]:
+    """The analysis with its plots, written as analysis.md and PNG files into the run's folder."""
+    result = analyze(run)
+    plots = save_plots(run, run.folder)
+    if plots:
+        result.markdown += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    (run.folder / "analysis.md").write_text(result.markdown, encoding="utf-8")
+    return result, plots
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -638,14 +648,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.run.exists():
         parser.error(f"{args.run} does not exist")
-    run = load_run(args.run)
-    result = analyze(run)
-    plots = save_plots(run, run.folder)
-    markdown = result.markdown
-    if plots:
-        markdown += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
-    (run.folder / "analysis.md").write_text(markdown, encoding="utf-8")
-    print(markdown)
+    result, _ = write_report(load_run(args.run))
+    print(result.markdown)
     return 0
 
 

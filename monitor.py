@@ -252,12 +252,31 @@ def diversity_advice(history: Sequence[Row], knobs: Knobs) -> tuple[str, str]:
     return (knobs.hotter(), "more diverse samples within each group")
 
 
+def stuck_groups(rows: Sequence[Row]) -> float | None:
+    """Mean frac_zero_std less the groups whose completions tie because every one passes (`groups/solved`,
+    logged by the reward): a solved problem gives no signal either, but it is the goal, not a collapse."""
+    values = [
+        float(r["frac_reward_zero_std"]) - float(r.get("groups/solved", 0.0))
+        for r in rows
+        if "frac_reward_zero_std" in r and math.isfinite(float(r["frac_reward_zero_std"]))
+    ]
+    return sum(values) / len(values) if values else None
+
+
+def frac_zero_std_name(rows: Sequence[Row]) -> str:
+    return (
+        "frac_zero_std (solved groups left out)"
+        if any("groups/solved" in r for r in rows)
+        else "frac_zero_std"
+    )
+
+
 def check_frac_zero_std(history: Sequence[Row], knobs: Knobs) -> Check:
-    value = mean_of(recent(history), "frac_reward_zero_std")
+    value = stuck_groups(recent(history))
     return Check(
         "frac_zero_std",
         "Mode collapse",
-        "frac_zero_std",
+        frac_zero_std_name(recent(history)),
         value,
         f"< {FRAC_ZERO_STD_MAX:.2f}",
         None if value is None else value < FRAC_ZERO_STD_MAX,
@@ -490,7 +509,7 @@ def stop_criteria(
     without them the `stages/passed` metric, when logged, tells whether any test passes."""
     window = recent(history)
     reward = mean_of(window, "reward")
-    frac = mean_of(window, "frac_reward_zero_std")
+    frac = stuck_groups(window)
     trend = reward_trend(history)
     if test_pass_share is None:
         test_pass_share = mean_of(history, "stages/passed")
@@ -505,7 +524,7 @@ def stop_criteria(
         Criterion(
             f"frac_zero_std > {FRAC_ZERO_STD_STOP}",
             None if frac is None else frac > FRAC_ZERO_STD_STOP,
-            f"frac_zero_std {_num(frac)} over the last {len(window)} steps",
+            f"{frac_zero_std_name(window)} {_num(frac)} over the last {len(window)} steps",
         ),
         Criterion(
             "completions are gibberish",

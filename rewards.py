@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import atexit
 import csv
+import itertools
 import json
 import os
 import re
@@ -209,14 +210,17 @@ def unescape_line_breaks(text: str) -> str:
     return ESCAPED_LINE_BREAK.sub(lambda m: "\n" if m.group() == "\\n" else m.group(), text)
 
 
-def problem_and_tests(row: Mapping) -> tuple[str, str]:
-    """(prompt, tests) of a dataset row, line breaks unescaped; ValueError naming what the row lacks."""
+def problem_and_tests(row: Mapping, need_tests: bool = True) -> tuple[str, str]:
+    """(prompt, tests) of a dataset row, line breaks unescaped; ValueError naming what the row lacks.
+    Without `need_tests` (SFT reads only prompt and solution) a row without tests gets ""."""
     problem = row.get("prompt") if row.get("prompt") is not None else row.get("problem")
     tests = row.get("tests")
     if not isinstance(problem, str) or not problem.strip():
         raise ValueError("no prompt (or problem) text")
     if not isinstance(tests, str) or not tests.strip():
-        raise ValueError("no tests")
+        if need_tests:
+            raise ValueError("no tests")
+        tests = ""
     problem = unescape_line_breaks(problem).strip()
     parse_problem(problem)  # the reward's own reading of a prompt: it needs a final `let f ... =`
     return problem, unescape_line_breaks(tests)
@@ -545,6 +549,15 @@ def score_completion(
     return score_batch([item], cfg)[0]
 
 
+def solved_share(problems: list, stages: list[str]) -> float:
+    """The share of groups (a problem's consecutive completions, as TRL orders them) that all pass every test:
+    their rewards tie, so they count in frac_zero_std, but because the problem is solved, not stuck."""
+    groups = [
+        list(group) for _, group in itertools.groupby(zip(problems, stages, strict=True), key=lambda x: x[0])
+    ]
+    return sum(all(stage == "passed" for _, stage in group) for group in groups) / len(groups)
+
+
 # --- the TRL reward function ------------------------------------------------------------------------------
 
 
@@ -601,6 +614,7 @@ class SyntaxAwareReward:
             counts = Counter(b["stage"] for b in breakdowns)
             for stage in STAGES:
                 log_metric(f"stages/{stage}", counts[stage] / n)
+            log_metric("groups/solved", solved_share(problems, [b["stage"] for b in breakdowns]))
         return [b["total_reward"] for b in breakdowns]
 
     def _log(self, breakdown: dict, item: Prepared, length: int | None) -> None:
