@@ -70,11 +70,9 @@ def sample_completions(
     model,
     tokenizer,
     problems: Sequence[dict],
+    cfg: TrainConfig,
     *,
     k: int,
-    temperature: float,
-    max_new_tokens: int,
-    min_lines: int,
     batch_size: int,
     seed: int,
 ) -> list[dict]:
@@ -85,11 +83,12 @@ def sample_completions(
     grad mode are as they were afterwards, so the trainer can call this on the model it is training.
     """
     import torch
+    from transformers import GenerationConfig
 
     device = model.device
     texts = {
         p["id"]: tokenizer.apply_chat_template(
-            build_prompt_messages(p["problem"], min_lines=min_lines),
+            build_prompt_messages(p["problem"], min_lines=cfg.min_non_empty_lines, few_shot=cfg.few_shot),
             tokenize=False,
             add_generation_prompt=True,
         )
@@ -97,6 +96,18 @@ def sample_completions(
     }
     wanted = [(p["id"], i) for p in problems for i in range(k)]
     stop = end_token_ids(model, tokenizer)
+    # TRL's sampler (top_p 1, top_k 0, no repetition penalty), not the model's chat defaults. A whole config,
+    # so that the trainer's compiled sampler (generation.py), installed as the model's generate, takes it too.
+    sampling = GenerationConfig(
+        do_sample=True,
+        temperature=cfg.temperature,
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        max_new_tokens=cfg.max_completion_length,
+        eos_token_id=stop,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     was_training = model.training
     model.eval()  # no dropout while sampling, LoRA's included
     samples = []
@@ -105,26 +116,18 @@ def sample_completions(
             torch.manual_seed(seed)
             for start in range(0, len(wanted), batch_size):
                 batch = wanted[start : start + batch_size]
+                # A short last batch is filled up with repeats (dropped below), so that every call has one
+                # shape and a compiled sampler (generation.py) never compiles for the remainder.
+                filler = batch_size - len(batch) if len(wanted) > batch_size else 0
                 inputs = tokenizer(
-                    [texts[problem_id] for problem_id, _ in batch],
+                    [texts[problem_id] for problem_id, _ in batch + batch[:1] * filler],
                     return_tensors="pt",
                     padding=True,
                     padding_side="left",
                     add_special_tokens=False,
                 ).to(device)
-                # TRL's sampler (top_p 1, top_k 0, no repetition penalty), not the model's chat defaults.
-                output = model.generate(
-                    **inputs,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_p=1.0,
-                    top_k=0,
-                    repetition_penalty=1.0,
-                    max_new_tokens=max_new_tokens,
-                    eos_token_id=stop,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
-                completions = output[:, inputs["input_ids"].shape[1] :].tolist()
+                output = model.generate(**inputs, generation_config=sampling)
+                completions = output[: len(batch), inputs["input_ids"].shape[1] :].tolist()
                 for (problem_id, sample), ids in zip(batch, completions, strict=True):
                     end = next((i + 1 for i, token in enumerate(ids) if token in stop), None)
                     # No end token within max_new_tokens: the reward's truncated (runaway) completion.
@@ -168,17 +171,7 @@ def evaluate_model(
     model, tokenizer, problems: Sequence[dict], cfg: TrainConfig, *, k: int, batch_size: int, seed: int
 ) -> list[dict]:
     """Scored samples of one model, with the run's sampling and reward settings."""
-    samples = sample_completions(
-        model,
-        tokenizer,
-        problems,
-        k=k,
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_completion_length,
-        min_lines=cfg.min_non_empty_lines,
-        batch_size=batch_size,
-        seed=seed,
-    )
+    samples = sample_completions(model, tokenizer, problems, cfg, k=k, batch_size=batch_size, seed=seed)
     return score_samples(samples, problems, cfg)
 
 
@@ -469,7 +462,7 @@ def run_evaluation(args: argparse.Namespace) -> None:
         raise ConfigError(f"{HELDOUT_PROBLEMS}: no held-out problems file; pass --problems FILE_OR_ID")
     if _looks_local(source) and not Path(source).expanduser().exists():
         raise ConfigError(f"--problems {source}: no such file or folder")
-    problems = pick_problems(load_problems(source), args.n, args.seed)
+    problems = pick_problems(load_problems(source, setting_name="--problems"), args.n, args.seed)
     if not problems:
         raise ConfigError(f"{source}: no usable problems")
     check_toolchain()

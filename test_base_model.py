@@ -65,7 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config.from_env(TrainConfig)
         if args.adapter and not (args.adapter / "adapter_config.json").is_file():
             raise ConfigError(f"--adapter {str(args.adapter)!r}: no adapter_config.json there")
-        problems = pick_problems(load_problems(args.problems or cfg.training_dataset), args.n, args.seed)
+        source = args.problems or cfg.training_dataset
+        problems = pick_problems(
+            load_problems(source, setting_name="--problems" if args.problems else "TRAINING_DATASET"),
+            args.n,
+            args.seed,
+        )
         if not problems:
             raise ConfigError(f"{args.problems or cfg.training_dataset}: no usable problems")
         check_toolchain()

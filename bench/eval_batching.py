@@ -33,15 +33,7 @@ def timed_evaluation(model, tokenizer, problems: list[dict], cfg, batch_size: in
     """(sampling s, scoring s) of one evaluation."""
     start = time.perf_counter()
     samples = evaluate.sample_completions(
-        model,
-        tokenizer,
-        problems,
-        k=SAMPLES,
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_completion_length,
-        min_lines=cfg.min_non_empty_lines,
-        batch_size=batch_size,
-        seed=0,
+        model, tokenizer, problems, cfg, k=SAMPLES, batch_size=batch_size, seed=0
     )
     sampled = time.perf_counter()
     evaluate.score_samples(samples, problems, cfg)

@@ -174,17 +174,8 @@ def adapter(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def sample(model, tokenizer, problems: list[dict], batch_size: int, seed: int = 0) -> list[dict]:
-    return evaluate.sample_completions(
-        model,
-        tokenizer,
-        problems,
-        k=2,
-        temperature=0.9,
-        max_new_tokens=8,
-        min_lines=8,
-        batch_size=batch_size,
-        seed=seed,
-    )
+    cfg = TrainConfig(temperature=0.9, max_completion_length=8)
+    return evaluate.sample_completions(model, tokenizer, problems, cfg, k=2, batch_size=batch_size, seed=seed)
 
 
 def test_batched_and_one_at_a_time_sampling_give_the_same_rows(
