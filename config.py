@@ -140,7 +140,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             nargs="?" if is_bool else None,
             const="true" if is_bool else None,
             metavar="VALUE",
-            help=f"{f.metadata['help']} [env {env}, default {_shown(f.default)}]",
+            # argparse %-formats help texts; a setting's own "%" is a literal one.
+            help=f"{f.metadata['help'].replace('%', '%%')} [env {env}, default {_shown(f.default)}]",
         )
 
 

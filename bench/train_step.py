@@ -285,7 +285,7 @@ def main() -> int:
         model_dir = build(Path(tmp) / "model")
         flags = [
             *("--model-id", str(model_dir), "--training-dataset", str(train.BUNDLED_PROBLEMS)),
-            *("--max-steps", str(steps), "--save-steps", str(steps + 1)),
+            *("--max-steps", str(steps), "--save-steps", str(steps + 1), "--eval-steps", "none"),
             *SEED_SETTINGS,
         ]
         for generation in args.generation:

@@ -148,13 +148,11 @@ def test_compiled_sampling_trains_with_one_compile(
         *("--output-dir", str(tmp_path), "--max-steps", "3", "--save-steps", "5"),
         *("--batch-size", "2", "--num-generations", "2", "--max-completion", "12"),
         *("--lora-r", "4", "--lora-alpha", "8"),
-        *("--generation", "compiled", "--gradient-checkpointing", checkpointing),
+        *("--generation", "compiled", "--gradient-checkpointing", checkpointing, "--eval-steps", "none"),
     ]
     assert train.main(flags, environ={}) == 0
     log = (tmp_path / "learning.log").read_text(encoding="utf-8").splitlines()
-    expected = (
-        f"# sampling: compiled (GRPO_GENERATION=compiled); gradient checkpointing: {checkpointing} (as set)"
-    )
+    expected = f"# sampling: compiled; gradient checkpointing: {checkpointing} (as set)"
     assert expected in log
     # Three steps, one compile: 4 sequences (2 prompts x 2) and a cache of 704 + 12 positions. With
     # checkpointing on, TRL's toggling around each round must not make it recompile every step.
@@ -171,8 +169,8 @@ def test_auto_sampling_is_compiled_exactly_where_torch_sees_cuda() -> None:
 
 
 BAD_VALUES = [
-    ("GRPO_USE_VLLM", "1", "replaced by GRPO_GENERATION: write GRPO_GENERATION=vllm instead"),
-    ("GRPO_USE_VLLM", "0", "replaced by GRPO_GENERATION: remove it (auto samples without vLLM) or write"),
+    ("GRPO_USE_VLLM", "1", "replaced by GRPO_GENERATION; write GRPO_GENERATION=vllm to sample with vLLM"),
+    ("GRPO_USE_VLLM", "0", "replaced by GRPO_GENERATION; write GRPO_GENERATION=vllm to sample with vLLM"),
     ("GRPO_GENERATION", "fast", "expected one of auto, plain, compiled, vllm"),
     ("GRPO_GRADIENT_CHECKPOINTING", "maybe", "expected one of auto, on, off"),
 ]
@@ -207,3 +205,10 @@ def test_auto_checkpointing_follows_the_model_and_the_card(tmp_path: Path, tiny_
     # Set values are taken as they are, without reading the model.
     assert gradient_checkpointing("on", "no/such-model", seed_pass, 2**40) == (True, "as set")
     assert gradient_checkpointing("off", "no/such-model", seed_pass, 2**30) == (False, "as set")
+
+
+def test_print_config_and_the_header_show_the_resolved_sampler() -> None:
+    cfg, sources = train.parse_config([], {})
+    assert (cfg.generation, sources["generation"]) == (train.generation_path("auto"), "auto")
+    cfg, sources = train.parse_config(["--generation", "plain"], {"GRPO_GENERATION": "compiled"})
+    assert (cfg.generation, sources["generation"]) == ("plain", "flag")
