@@ -30,9 +30,15 @@ import config
 from config import ConfigError
 from ocaml_sandbox import ToolchainMissing, check_toolchain
 from rewards import STAGES, RewardConfig, score_batch
-from train import ROOT, TrainConfig, _looks_local, build_prompt_messages, load_problems
+from train import (
+    HELDOUT_PROBLEMS,
+    TrainConfig,
+    build_prompt_messages,
+    load_problems,
+    looks_local,
+    quiet_libraries,
+)
 
-HELDOUT_PROBLEMS = ROOT / "data" / "heldout.jsonl"
 # Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
 # more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
 # 1 GiB, small on any GPU.
@@ -385,7 +391,7 @@ def load_base(model_id: str):
     path = Path(model_id).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
         raise ConfigError(f"{model_id}: no config.json (model) or adapter_config.json (adapter) there")
-    if not path.exists() and _looks_local(model_id):
+    if not path.exists() and looks_local(model_id):
         raise ConfigError(f"{model_id}: no such model folder")
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id)
@@ -456,11 +462,12 @@ def run_compare(path_a: Path, path_b: Path) -> None:
 
 
 def run_evaluation(args: argparse.Namespace) -> None:
+    quiet_libraries()
     cfg = config.from_env(TrainConfig)
     source = args.problems or str(HELDOUT_PROBLEMS)
     if not args.problems and not HELDOUT_PROBLEMS.is_file():
         raise ConfigError(f"{HELDOUT_PROBLEMS}: no held-out problems file; pass --problems FILE_OR_ID")
-    if _looks_local(source) and not Path(source).expanduser().exists():
+    if looks_local(source) and not Path(source).expanduser().exists():
         raise ConfigError(f"--problems {source}: no such file or folder")
     problems = pick_problems(load_problems(source, setting_name="--problems"), args.n, args.seed)
     if not problems:

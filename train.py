@@ -368,7 +368,7 @@ def check_paths(cfg: TrainConfig, sources: Mapping[str, str]) -> None:
     """Local model and dataset paths must exist; each failure is one line."""
     model_path = Path(cfg.model_id).expanduser()
     model_missing = not (model_path / "config.json").is_file() and sources["model_id"] != "demo"
-    if _looks_local(cfg.model_id) and model_missing:
+    if looks_local(cfg.model_id) and model_missing:
         raise ConfigError(f"GRPO_MODEL_ID={cfg.model_id!r}: no model directory (config.json) there")
     datasets = [
         ("TRAINING_DATASET", cfg.training_dataset),
@@ -376,7 +376,7 @@ def check_paths(cfg: TrainConfig, sources: Mapping[str, str]) -> None:
         ("GRPO_EVAL_DATASET", cfg.eval_dataset and bundled_path(cfg.eval_dataset)),
     ]
     for env, name in datasets:
-        if name and _looks_local(name) and not Path(name).expanduser().exists():
+        if name and looks_local(name) and not Path(name).expanduser().exists():
             raise ConfigError(f"{env}={name!r}: no such file or folder")
     if cfg.init_adapter and not (Path(cfg.init_adapter).expanduser() / "adapter_config.json").is_file():
         raise ConfigError(
@@ -384,7 +384,7 @@ def check_paths(cfg: TrainConfig, sources: Mapping[str, str]) -> None:
         )
 
 
-def _looks_local(name: str) -> bool:
+def looks_local(name: str) -> bool:
     """A hub id is `owner/name`; anything that exists, or reads like a path or a file name, is local."""
     return (
         Path(name).expanduser().exists()
@@ -1274,6 +1274,7 @@ def run_demo(cfg: TrainConfig, sources: dict[str, str], args: argparse.Namespace
     import analyze
 
     started = time.monotonic()
+    quiet_libraries()
     out = Path(cfg.output_dir)
     if sources["output_dir"] == "demo" and not args.resume:
         shutil.rmtree(out, ignore_errors=True)  # each `make demo` starts afresh in its own folder

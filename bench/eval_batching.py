@@ -1,5 +1,5 @@
 """Held-out evaluation time: one problem per generate call (the old test_base_model.py) against batches of
-several problems' samples (evaluate.py), on the demo's tiny model on the CPU.
+several problems' samples (evaluate.py), on the tests' tiny model (2 layers, 64 wide) on the CPU.
 
 40 bundled problems x 4 samples, completions up to the demo's GRPO_MAX_COMPLETION (train.DEMO_SETTINGS),
 the rest of the settings at their defaults. Each round times every batch size once, in a rotating order;
@@ -72,7 +72,7 @@ def main() -> int:
     }
     baseline = sum(medians[SAMPLES])
     print(
-        f"\n{PROBLEMS} problems x {SAMPLES} samples, the demo's tiny model on the CPU (torch threads: "
+        f"\n{PROBLEMS} problems x {SAMPLES} samples, the tests' tiny model on the CPU (torch threads: "
         f"{torch.get_num_threads()}), completions up to GRPO_MAX_COMPLETION={max_completion} tokens "
         f"(train.DEMO_SETTINGS); medians of {args.rounds} rounds\n"
     )

@@ -12,7 +12,7 @@ of 24 completions it sampled against the trainer's forward, with the LoRA given 
 
     .venv/bin/python bench/train_step.py     # on a GPU box: plain and compiled, checkpointing on and off
     .venv/bin/python bench/train_step.py --generation compiled --gradient-checkpointing off --steps 20
-    .venv/bin/python bench/train_step.py --tiny   # the demo's tiny model on the CPU: a smoke run
+    .venv/bin/python bench/train_step.py --tiny   # the tests' tiny model on the CPU: a smoke run
 """
 
 import argparse

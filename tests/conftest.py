@@ -25,3 +25,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from train import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """As the demo does: the tiny model gains nothing from more threads, and they contend with the suite."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

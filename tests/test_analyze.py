@@ -12,7 +12,7 @@ import pytest
 
 import analyze
 from rewards import STAGES
-from train import TrainConfig, append_log_line, format_log_line, write_header
+from train import TrainConfig, append_log_line, format_eval_line, format_log_line, write_header
 
 SEED_LOG = """\
 [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102Â±0.077  syntax_rew=0.102Â±0.078  entropy=0.155  frac_zero_std=0.00
@@ -79,16 +79,6 @@ def eval_row(step: int, epoch: float, pass1: float, reward: float) -> dict:
     }
 
 
-def eval_line(e: dict) -> str:
-    """The `[Eval ...]` learning.log line train.py writes for an eval row, in the format issue 10 fixes."""
-    stages = "  ".join(f"{s}={e[f'eval/stages/{s}']:.2f}" for s in STAGES)
-    return (
-        f"[Eval Epoch {e['epoch']:.2f}]  step={e['step']}  problems={e['eval/problems']}  "
-        f"samples={e['eval/samples']}  pass@1={e['eval/pass@1']:.3f}  "
-        f"reward={e['eval/reward']:.3f}±{e['eval/reward_std']:.3f}  {stages}"
-    )
-
-
 def append_process(
     folder: Path, rows: list[dict], evals: Sequence[dict] = (), resume_from: str | None = None, every: int = 1
 ) -> None:
@@ -103,7 +93,7 @@ def append_process(
         append_log_line(log, format_log_line(r))
         append_log_line(metrics, json.dumps(r))
         if r["step"] in at_step:
-            append_log_line(log, eval_line(at_step[r["step"]]))
+            append_log_line(log, format_eval_line(at_step[r["step"]]))
             append_log_line(metrics, json.dumps(at_step[r["step"]]))
     append_log_line(log, "WARNING [Epoch 0.30] frac_zero_std=0.5 over the last 10 steps (expected < 0.10)")
 
@@ -352,8 +342,8 @@ def test_steps_follow_logging_steps_across_two_resumes(tmp_path: Path) -> None:
 
 def test_eval_lines_read_as_the_metrics_rows_and_bad_ones_are_skipped() -> None:
     row = eval_row(20, 0.5, 0.25, 0.231)
-    assert analyze.parse_eval_line(eval_line(row)) == pytest.approx(row)
-    assert analyze.parse_eval_line(eval_line(row).replace("±", "Â±")) == pytest.approx(row)
+    assert analyze.parse_eval_line(format_eval_line(row)) == pytest.approx(row)
+    assert analyze.parse_eval_line(format_eval_line(row).replace("±", "Â±")) == pytest.approx(row)
     for other in (
         "[Eval Epoch 0.50]  step=20  pass@1=x",
         "[Eval Epoch 0.50]  problems=40  pass@1=0.1",  # no step: cannot be placed

@@ -14,14 +14,7 @@ import test_base_model as tbm
 from rewards import END_MARKER, STAGES
 from train import BUNDLED_PROBLEMS, TrainConfig, load_problems
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """As the demo does: the tiny model gains nothing from more threads, and they contend with the suite."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,7 @@ from safetensors.torch import load_file
 import train
 from train import BUNDLED_PROBLEMS, main
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def jsonl(path: Path) -> list[dict]:
