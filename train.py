@@ -875,7 +875,7 @@ def model_card(
     changed = [
         f"| `{f.metadata['env']}` | `{getattr(cfg, f.name)}` | {sources[f.name]} |"
         for f in dataclasses.fields(cfg)
-        if "env" in f.metadata and sources.get(f.name, "default") != "default"
+        if "env" in f.metadata and getattr(cfg, f.name) != f.default
     ]
     metrics = [f"| {name} | {_num(last.get(key)):.4g} |" for name, key in CARD_METRICS if key in last]
     lines = [

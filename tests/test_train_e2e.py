@@ -98,6 +98,7 @@ def test_demo_warm_starts_then_learns_and_writes_every_output(tmp_path: Path) ->
     assert card == (out / "README.md").read_text(encoding="utf-8")
     assert f"base_model: {out / 'sft' / 'model'}" in card and "[None]" not in card
     assert "| `GRPO_LEARNING_RATE` | `0.003` | demo |" in card and "merge_and_unload" in card
+    assert "`GRPO_BATCH_SIZE`" not in card  # the demo pins it at its default: nothing to tell
     assert "| held-out pass@1 (step 40, 48 problems) |" in card
     assert (out / "analysis.md").read_text(encoding="utf-8").startswith("Status: ")
 
