@@ -324,6 +324,12 @@ def test_cli_scores_in_order_without_torch(tmp_path):
     assert quiet.returncode == 0, quiet.stderr
 
 
+def score_without_gate(problems: Path, completions: Path) -> subprocess.CompletedProcess:
+    """`rewards.py score PROBLEMS COMPLETIONS --min-non-empty-lines 0`, as a user runs it."""
+    command = ["rewards.py", "score", str(problems), str(completions), "--min-non-empty-lines", "0"]
+    return subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
 def test_cli_reads_csv_problems_and_names_bad_settings(tmp_path):
     import csv
 
@@ -336,21 +342,7 @@ def test_cli_reads_csv_problems_and_names_bad_settings(tmp_path):
     completions.write_text(
         json.dumps({"problem_id": "sum", "completion": "  List.fold_left ( + ) 0 xs"}) + "\n"
     )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "rewards.py",
-            "score",
-            str(problems),
-            str(completions),
-            "--min-non-empty-lines",
-            "0",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = score_without_gate(problems, completions)
     assert json.loads(out.stdout)["total"] == pytest.approx(0.95)
     bad = subprocess.run(
         [sys.executable, "rewards.py", "score", str(problems), str(completions)],
@@ -415,21 +407,7 @@ def test_cli_scores_escaped_problems_and_names_malformed_rows(tmp_path):
     rows = [{"problem_id": p["id"], "completion": shapes(p)["signature with plain let"]} for p in PROBLEMS]
     rows.insert(1, {"problem_id": "no_tests", "completion": f"  List.fold_left ( + ) 0 xs\n{END_MARKER}"})
     completions.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "rewards.py",
-            "score",
-            str(problems),
-            str(completions),
-            "--min-non-empty-lines",
-            "0",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = score_without_gate(problems, completions)
     assert done.returncode == 0, done.stderr
     assert [line for line in done.stderr.splitlines() if "skipped" in line] == [
         f"{problems}: skipped problem no_tests: no tests",
