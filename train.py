@@ -1016,6 +1016,9 @@ def grpo_args(cfg: TrainConfig, use_bf16: bool):
         activation_checkpointing=cfg.gradient_checkpointing != "off",
         bf16=use_bf16,
         dataloader_pin_memory=torch.cuda.is_available(),  # pinning is for copies to a GPU
+        # Every LoRA weight takes part in every forward pass; transformers would otherwise have DDP search for
+        # unused ones whenever checkpointing is off (and torch warn that it found none).
+        ddp_find_unused_parameters=False,
         seed=cfg.seed,
         # Load the weights in the dtype they were saved in (bf16 for Qwen2.5) rather than TRL's float32:
         # half the memory, and generation, which runs outside autocast, at bf16 speed. With
@@ -1214,6 +1217,7 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         activation_checkpointing=checkpointing,
         dataloader_pin_memory=torch.cuda.is_available(),
+        ddp_find_unused_parameters=False,
         model_init_kwargs={"dtype": "auto"},
     )
     source = cfg.sft_dataset or cfg.training_dataset
