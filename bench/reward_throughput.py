@@ -56,7 +56,9 @@ def straightforward(items: list[dict], run_timeout: float) -> float:
         start = time.perf_counter()
         for i, item in enumerate(items):
             problem = rewards.parse_problem(item["problem"])
-            solution = rewards.assemble_solution(problem, rewards.extract_code(item["completion"]))
+            solution = rewards.assemble_solution(
+                problem, rewards.extract_code(item["completion"], problem.function)
+            )
             source = Path(tmp) / f"p{i}.ml"
             source.write_text(f"{problem.types}\n{solution}\n{item['tests']}\n")
             compiled = subprocess.run(["ocamlc", "-c", source.name], cwd=tmp, capture_output=True)
