@@ -22,7 +22,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import shutil
 import sys
 import time
@@ -39,6 +38,7 @@ from rewards import (
     STAGES,
     RewardConfig,
     SyntaxAwareReward,
+    own_definition,
     parse_problem,
     problem_and_tests,
     score_completion,
@@ -208,7 +208,7 @@ class TrainConfig(RewardConfig):
         1,
         "GRPO_FEW_SHOT",
         "worked examples before the problem in the prompt (0 or 1); 0 suits a model warm-started by "
-        "--sft and saves about 200 prompt tokens per completion",
+        "--sft and shortens every prompt",
         low=0,
         check=lambda n: (
             None if n <= len(FEW_SHOT) else f"expected at most {len(FEW_SHOT)} (the examples there are)"
@@ -566,7 +566,7 @@ def sft_answer(problem: dict) -> str:
     definition (the problem's signature line unless the solution has its own), ending with END."""
     parsed = parse_problem(problem["problem"])
     code = problem["solution"].strip("\n").rstrip()
-    if not re.match(rf"\s*let\s+(rec\s+)?{re.escape(parsed.function)}\b", code):
+    if own_definition(code, parsed.function) is None:  # the reward's own reading of "defines f itself"
         code = f"{parsed.signature}\n{code}"
     return f"```ocaml\n{code}\n{END_MARKER}\n```"
 
