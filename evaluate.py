@@ -23,21 +23,17 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import config
 from config import ConfigError
 from ocaml_sandbox import ToolchainMissing, check_toolchain
+from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_problem
+from prompts import build_prompt_messages
 from rewards import STAGES, RewardConfig, score_batch
-from train import (
-    HELDOUT_PROBLEMS,
-    TrainConfig,
-    build_prompt_messages,
-    load_problems,
-    looks_local,
-    quiet_libraries,
-)
+from run_records import eval_row, quiet_libraries
+from settings import TrainConfig, looks_local
 
 # Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
 # more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
@@ -235,6 +231,82 @@ def summarize(rows: Sequence[dict], k: int) -> dict:
             for d in difficulties(rows)
         },
     }
+
+
+def split_held_out(
+    problems: list[dict], cfg: TrainConfig, note: Callable[[str], None]
+) -> tuple[list[dict], list[dict]]:
+    """(training problems, held-out problems): GRPO_EVAL_DATASET's problems plus GRPO_EVAL_HOLDOUT of the
+    training ones. A training problem with a held-out problem's id or function name is left out of training,
+    so that the evaluation is on problems the model never trains on."""
+    if cfg.eval_steps is None:
+        return problems, []
+    held = (
+        load_problems(bundled_path(cfg.eval_dataset), warn=note, setting_name="GRPO_EVAL_DATASET")
+        if cfg.eval_dataset
+        else []
+    )
+    if cfg.eval_holdout:
+        if cfg.eval_holdout >= len(problems):
+            raise ConfigError(
+                f"GRPO_EVAL_HOLDOUT={cfg.eval_holdout}: TRAINING_DATASET has {len(problems)} problems"
+            )
+        shuffled = random.Random(cfg.seed).sample(problems, len(problems))
+        held, problems = held + shuffled[: cfg.eval_holdout], shuffled[cfg.eval_holdout :]
+    ids = {p["id"] for p in held}
+    names = {parse_problem(p["problem"]).function for p in held}
+    kept = [p for p in problems if p["id"] not in ids and parse_problem(p["problem"]).function not in names]
+    note(
+        f"held-out evaluation: {len(held)} problems, {cfg.eval_samples} sample(s) each; "
+        f"{len(problems) - len(kept)} training problems left out as the same problem"
+    )
+    return kept, held
+
+
+def held_out_evaluation(problems: list[dict], tokenizer, cfg: TrainConfig, record: Callable[[dict], None]):
+    """A callback that samples the policy on the held-out problems and scores them with the run's reward
+    before the first step, every GRPO_EVAL_STEPS steps and at the end; `record` gets each row. Only the main
+    process evaluates (the others wait for it at their next step)."""
+    from transformers import TrainerCallback
+
+    round_size = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_generations
+
+    class HeldOutEvaluation(TrainerCallback):
+        def __init__(self) -> None:
+            self.done: set[int] = set()
+            self.after_log = False
+
+        def run(self, state, model) -> None:
+            if state.global_step in self.done or not state.is_world_process_zero:
+                return
+            self.done.add(state.global_step)
+            # Batches of a training round's size: a compiled sampler reuses the graph it has.
+            samples = sample_completions(
+                model, tokenizer, problems, cfg, k=cfg.eval_samples, batch_size=round_size, seed=cfg.seed
+            )
+            summary = summarize(score_samples(samples, problems, cfg), k=cfg.eval_samples)
+            record(eval_row(state.global_step, float(state.epoch or 0.0), summary))
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 0:  # a resumed run has its baseline in the log already
+                self.run(state, model)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % cfg.eval_steps == 0:
+                if control.should_log:  # after the step's own line, which on_log writes
+                    self.after_log = True
+                else:
+                    self.run(state, model)
+
+        def on_log(self, args, state, control, model=None, **kwargs):
+            if self.after_log:
+                self.after_log = False
+                self.run(state, model)
+
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            self.run(state, model)
+
+    return HeldOutEvaluation()
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

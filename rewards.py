@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
-import csv
 import itertools
 import json
 import os
@@ -27,7 +26,6 @@ import sys
 import textwrap
 import threading
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from typing import Any
 import config
 from config import ConfigError, setting
 from ocaml_sandbox import Job, Limits, Outcome, SandboxPool
+from problems import TYPE_NAME, Problem, load_rows, parse_problem, usable_problems
 
 END_MARKER = "(* END *)"
 STAGES = (
@@ -173,57 +172,12 @@ class RewardConfig:
 
 # --- from problem and completion to a program ------------------------------------------------------
 
-IDENT = r"[a-z_][A-Za-z0-9_']*"
-TYPE_NAME = re.compile(rf"^(?:type|and)\s+(?:nonrec\s+)?(?:'\w+\s+|\([^)]*\)\s+)?({IDENT})", re.M)
 FENCE_OPEN = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n")
 TOP_LEVEL = re.compile(r"^(?:let|type|module|exception|open|include|external|class|\(\*)\b", re.M)
 PROSE = re.compile(r"^[A-Z][\w'!,]*(?:[ \t]+[\w',()`!-]+)+[ \t]*[:.!]?[ \t]*$")
 ENGLISH = re.compile(r"\b(?:is|are|the|here|this|solution|code|answer|implementation|following|sure)\b", re.I)
 ENDS_WITH_IN = re.compile(r"\bin\s*\Z")
 # A `\\` (OCaml's escaped backslash) is matched whole, so the `n` after it never reads as a line break.
-ESCAPED_LINE_BREAK = re.compile(r"\\\\|\\n")
-
-
-@dataclass(frozen=True)
-class Problem:
-    types: str  # everything before the signature: doc comment, type definitions
-    signature: str  # `let [rec] f (x : t) ... : r =`
-    function: str
-    type_names: frozenset[str]
-
-
-def parse_problem(text: str) -> Problem:
-    """Split a problem prompt at its final top-level `let`; ValueError when it has none."""
-    signatures = list(re.finditer(rf"^let\s+(rec\s+)?({IDENT})\b", text, re.M))
-    if not signatures:
-        raise ValueError("the problem has no signature line `let f ... =`")
-    match = signatures[-1]
-    types = text[: match.start()]
-    return Problem(types, text[match.start() :].strip(), match.group(2), frozenset(TYPE_NAME.findall(types)))
-
-
-def unescape_line_breaks(text: str) -> str:
-    """A prompt or tests field with its line breaks: a text with no line break but the two characters `\\n`
-    (how some CSV exports write one) gets each of them back as a line break."""
-    if "\n" in text:
-        return text
-    return ESCAPED_LINE_BREAK.sub(lambda m: "\n" if m.group() == "\\n" else m.group(), text)
-
-
-def problem_and_tests(row: Mapping, need_tests: bool = True) -> tuple[str, str]:
-    """(prompt, tests) of a dataset row, line breaks unescaped; ValueError naming what the row lacks.
-    Without `need_tests` (SFT reads only prompt and solution) a row without tests gets ""."""
-    problem = row.get("prompt") if row.get("prompt") is not None else row.get("problem")
-    tests = row.get("tests")
-    if not isinstance(problem, str) or not problem.strip():
-        raise ValueError("no prompt (or problem) text")
-    if not isinstance(tests, str) or not tests.strip():
-        if need_tests:
-            raise ValueError("no tests")
-        tests = ""
-    problem = unescape_line_breaks(problem).strip()
-    parse_problem(problem)  # the reward's own reading of a prompt: it needs a final `let f ... =`
-    return problem, unescape_line_breaks(tests)
 
 
 def completion_text(completion: Any) -> str:
@@ -558,6 +512,13 @@ def solved_share(problems: list, stages: list[str]) -> float:
     return sum(all(stage == "passed" for _, stage in group) for group in groups) / len(groups)
 
 
+def completion_message(breakdown: dict) -> str:
+    """What the toolchain said about one completion, in one line: the reason, then the compiler's or the
+    tests' first error where there is one."""
+    sample = " ".join(str(breakdown.get("error_sample") or "").split())
+    return f"{breakdown['reason']}: {sample}" if sample else breakdown["reason"]
+
+
 # --- the TRL reward function ------------------------------------------------------------------------------
 
 
@@ -615,6 +576,11 @@ class SyntaxAwareReward:
             for stage in STAGES:
                 log_metric(f"stages/{stage}", counts[stage] / n)
             log_metric("groups/solved", solved_share(problems, [b["stage"] for b in breakdowns]))
+        log_extra = kwargs.get("log_extra")
+        if log_extra is not None:  # TRL's completion log: the dashboard's table of completions reads them
+            log_extra("problem_id", [str(b["problem_id"]) for b in breakdowns])
+            log_extra("stage", [b["stage"] for b in breakdowns])
+            log_extra("message", [completion_message(b) for b in breakdowns])
         return [b["total_reward"] for b in breakdowns]
 
     def _log(self, breakdown: dict, item: Prepared, length: int | None) -> None:
@@ -640,44 +606,11 @@ class SyntaxAwareReward:
 # --- the scoring CLI ---------------------------------------------------------------------------------------
 
 
-def load_rows(path: Path) -> list[dict]:
-    """Rows of a JSONL, CSV or parquet file."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    if suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f))
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SystemExit(f"{path}:{number}: not JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise SystemExit(f"{path}:{number}: not a JSON object")
-                rows.append(row)
-    return rows
-
-
 def problems_by_id(path: Path) -> dict[str, tuple[str, str]]:
     """{id: (prompt, tests)} of a problems file; a malformed row is named on stderr and left out, so the
     completions of that problem score 0 and the others are scored."""
-    problems: dict[str, tuple[str, str]] = {}
-    for index, row in enumerate(load_rows(path)):
-        has_id = row.get("id") not in (None, "")
-        name = str(row["id"]) if has_id else f"row {index}"
-        try:
-            if not has_id or name in problems:
-                raise ValueError("duplicate id" if has_id else "no id")
-            problems[name] = problem_and_tests(row)
-        except ValueError as exc:
-            print(f"{path}: skipped problem {name}: {exc}", file=sys.stderr)
-    return problems
+    warn = lambda text: print(f"{path}: {text}", file=sys.stderr)
+    return {p["id"]: (p["problem"], p["tests"]) for p in usable_problems(load_rows(path), warn, need_id=True)}
 
 
 def score_files(problems_path: Path, completions_path: Path, cfg: RewardConfig) -> list[dict]:

@@ -29,7 +29,8 @@ from evaluate import (
     with_adapter,
 )
 from ocaml_sandbox import ToolchainMissing, check_toolchain
-from train import TrainConfig, load_problems
+from problems import load_problems
+from settings import TrainConfig
 
 SUCCESS_FLOOR = 0.20  # the seed: below this the base model, not the RL setup, is the problem
 

@@ -1,7 +1,7 @@
 """Held-out evaluation time: one problem per generate call (the old test_base_model.py) against batches of
 several problems' samples (evaluate.py), on the tests' tiny model (2 layers, 64 wide) on the CPU.
 
-40 bundled problems x 4 samples, completions up to the demo's GRPO_MAX_COMPLETION (train.DEMO_SETTINGS),
+40 bundled problems x 4 samples, completions up to the demo's GRPO_MAX_COMPLETION (demo.DEMO_SETTINGS),
 the rest of the settings at their defaults. Each round times every batch size once, in a rotating order;
 the table shows the medians. Sampling is `evaluate.sample_completions`, scoring `evaluate.score_samples`
 (the real reward on a warm sandbox pool).
@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import config  # noqa: E402
+import demo  # noqa: E402
 import evaluate  # noqa: E402
-import train  # noqa: E402
+import settings  # noqa: E402
+from problems import BUNDLED_PROBLEMS, load_problems  # noqa: E402
 
 PROBLEMS, SAMPLES = 40, 4
 BATCH_SIZES = [SAMPLES, 8, 16, evaluate.DEFAULT_BATCH_SIZE, 64]  # SAMPLES: one problem per call
@@ -52,11 +54,11 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     # An empty environment but for the demo's completion length: the shell's .envrc must not change it.
-    max_completion = train.DEMO_SETTINGS["GRPO_MAX_COMPLETION"]
-    cfg = config.from_env(train.TrainConfig, {"GRPO_MAX_COMPLETION": max_completion})
-    problems = evaluate.pick_problems(train.load_problems(str(train.BUNDLED_PROBLEMS)), PROBLEMS, seed=0)
+    max_completion = demo.DEMO_SETTINGS["GRPO_MAX_COMPLETION"]
+    cfg = config.from_env(settings.TrainConfig, {"GRPO_MAX_COMPLETION": max_completion})
+    problems = evaluate.pick_problems(load_problems(str(BUNDLED_PROBLEMS)), PROBLEMS, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        model, tokenizer = evaluate.load_base(str(train.build_tiny_model(Path(tmp) / "model")))
+        model, tokenizer = evaluate.load_base(str(demo.build_tiny_model(Path(tmp) / "model")))
     timed_evaluation(model, tokenizer, problems[:2], cfg, SAMPLES)  # warm-up: torch, the sandbox workers
 
     times: dict[int, list[tuple[float, float]]] = {size: [] for size in BATCH_SIZES}
@@ -74,7 +76,7 @@ def main() -> int:
     print(
         f"\n{PROBLEMS} problems x {SAMPLES} samples, the tests' tiny model on the CPU (torch threads: "
         f"{torch.get_num_threads()}), completions up to GRPO_MAX_COMPLETION={max_completion} tokens "
-        f"(train.DEMO_SETTINGS); medians of {args.rounds} rounds\n"
+        f"(demo.DEMO_SETTINGS); medians of {args.rounds} rounds\n"
     )
     print("| completions per generate call | sampling s | scoring s | total s | speed-up |")
     print("|---|---|---|---|---|")

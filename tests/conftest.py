@@ -22,7 +22,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo's tiny Qwen2 model and tokenizer, built once and shared by every test that trains."""
-    from train import build_tiny_model
+    from demo import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 

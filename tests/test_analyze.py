@@ -12,7 +12,8 @@ import pytest
 
 import analyze
 from rewards import STAGES
-from train import TrainConfig, append_log_line, format_eval_line, format_log_line, write_header
+from run_records import append_log_line, format_eval_line, format_log_line, write_header
+from settings import TrainConfig
 
 SEED_LOG = """\
 [Epoch 0.28]  loss=-0.0469  grad=0.0838  lr=3.58e-06  reward=0.102Â±0.077  syntax_rew=0.102Â±0.078  entropy=0.155  frac_zero_std=0.00

@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from train import ROOT
+from problems import ROOT
 
 
 def test_one_round_scores_every_program_and_prints_the_ratio() -> None:

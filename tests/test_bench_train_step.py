@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from train import ROOT
+from problems import ROOT
 
 COLUMNS = [
     "device",

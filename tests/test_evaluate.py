@@ -11,8 +11,9 @@ import torch
 import config
 import evaluate
 import test_base_model as tbm
+from problems import BUNDLED_PROBLEMS, load_problems
 from rewards import END_MARKER, STAGES
-from train import BUNDLED_PROBLEMS, TrainConfig, load_problems
+from settings import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

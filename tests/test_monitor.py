@@ -200,7 +200,7 @@ def test_monitor_in_a_real_grpo_run_writes_warnings_and_stops_at_epoch_one(tmp_p
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from train import build_tiny_model
+    from demo import build_tiny_model
 
     model_dir = build_tiny_model(tmp_path / "tiny")
     dataset = Dataset.from_list([{"prompt": f"let f{i} x ="} for i in range(8)])

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import config
 import rewards
+from problems import unescape_line_breaks
 from rewards import END_MARKER, RewardConfig, SyntaxAwareReward, score_batch, score_completion
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -362,10 +363,10 @@ def escaped(text: str) -> str:
 
 def test_escaped_line_breaks_read_back_exactly():
     fields = [p[key] for p in PROBLEMS + HELDOUT for key in ("prompt", "tests", "solution")]
-    assert [rewards.unescape_line_breaks(escaped(text)) for text in fields] == fields
+    assert [unescape_line_breaks(escaped(text)) for text in fields] == fields
     # An OCaml `\\` stays a pair, and a text with a real line break is left as it is.
-    assert rewards.unescape_line_breaks(r'print_string "a\\n";\nexit 0') == 'print_string "a\\\\n";\nexit 0'
-    assert rewards.unescape_line_breaks('let s = "a\\n"\nlet t = s') == 'let s = "a\\n"\nlet t = s'
+    assert unescape_line_breaks(r'print_string "a\\n";\nexit 0') == 'print_string "a\\\\n";\nexit 0'
+    assert unescape_line_breaks('let s = "a\\n"\nlet t = s') == 'let s = "a\\n"\nlet t = s'
 
 
 def write_escaped_csv(path: Path, extra_rows: list[dict]) -> Path:
@@ -381,7 +382,7 @@ def write_escaped_csv(path: Path, extra_rows: list[dict]) -> Path:
 
 
 def test_both_loaders_read_escaped_csv_as_the_original(tmp_path, capsys):
-    from train import load_problems
+    from problems import load_problems
 
     assert any("type " in p["prompt"] for p in PROBLEMS) and any("type " not in p["prompt"] for p in PROBLEMS)
     source = write_escaped_csv(tmp_path / "problems.csv", [{"id": "no_tests", "prompt": escaped(PROBLEM)}])

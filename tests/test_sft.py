@@ -1,6 +1,7 @@
 """The SFT warm start (`train.py --sft`) on the tiny model, and GRPO continuing its adapter."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from train import BUNDLED_PROBLEMS, main
+from problems import BUNDLED_PROBLEMS, load_problems
+from prompts import sft_answer
+from rewards import score_completion
+from train import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,19 +41,19 @@ def test_the_loss_is_on_the_answer_in_the_format_the_reward_pays_for(
     trainer = train.sft_trainer(cfg, notes.append)
     assert "skipped problem max_option: no solution to train on" in notes[0]
     assert len(trainer.train_dataset) == 5  # the row without tests trains too
-    problem = train.load_problems(str(BUNDLED_PROBLEMS))[0]
+    problem = load_problems(str(BUNDLED_PROBLEMS))[0]
     row = trainer.train_dataset[0]
     tokenizer = trainer.processing_class
     trained = [t for t, label in zip(row["input_ids"], row["labels"], strict=True) if label != -100]
     prompt = [t for t, label in zip(row["input_ids"], row["labels"], strict=True) if label == -100]
-    answer = train.sft_answer(problem)
+    answer = sft_answer(problem)
     assert tokenizer.decode(trained) == answer + "<|im_end|>\n"
     assert answer.startswith("```ocaml\nlet count_vowels (s : string) : int =\n") and answer.endswith(
         "(* END *)\n```"
     )
     assert tokenizer.decode(prompt).endswith(problem["problem"] + "<|im_end|>\n<|im_start|>assistant\n")
     # The reward gives the answer full marks: SFT teaches exactly what GRPO rewards.
-    assert train.score_completion(problem["problem"], problem["tests"], answer)["total_reward"] == 1.0
+    assert score_completion(problem["problem"], problem["tests"], answer)["total_reward"] == 1.0
 
 
 def test_sft_then_grpo_continues_its_adapter(tiny_model: Path, tmp_path: Path) -> None:
@@ -68,7 +72,8 @@ def test_sft_then_grpo_continues_its_adapter(tiny_model: Path, tmp_path: Path) -
     metrics = [m for m in jsonl(out / "sft" / "metrics.jsonl") if "loss" in m]
     assert [m["step"] for m in metrics] == [1, 2, 3] and all("mean_token_accuracy" in m for m in metrics)
     card = (adapter / "README.md").read_text(encoding="utf-8")
-    assert f"base_model: {tiny_model}" in card and "supervised fine-tuning" in card
+    assert f"base_model: {os.path.relpath(tiny_model, out)}" in card and "supervised fine-tuning" in card
+    assert str(tmp_path) not in card  # paths relative to the run's folder, none of this machine's
     assert "| `SFT_MAX_STEPS` | `3` | flag |" in card and "PeftModel.from_pretrained" in card
     assert main(sft, environ={}) == 2  # a second --sft would overwrite the first
 

@@ -9,7 +9,11 @@ import sys
 import pytest
 
 import config
-from train import README, ROOT, TrainConfig, build_parser, grpo_args, main, parse_config
+from problems import ROOT
+from settings import TrainConfig
+from train import build_parser, grpo_args, main, parse_config
+
+README = ROOT / "README.md"
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -1,5 +1,6 @@
 """train.py data, prompt and log line: dataset files, malformed rows, few-shot examples, the seed's format."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -7,18 +8,12 @@ import datasets
 import pytest
 
 from config import ConfigError
+from problems import BUNDLED_PROBLEMS, load_problems
+from prompts import FEW_SHOT, build_prompt_messages, build_train_dataset, check_few_shot, prompt_token_count
 from rewards import END_MARKER, RewardConfig, score_completion
-from train import (
-    BUNDLED_PROBLEMS,
-    FEW_SHOT,
-    build_prompt_messages,
-    build_train_dataset,
-    check_few_shot,
-    format_log_line,
-    load_problems,
-    parse_config,
-    prompt_token_count,
-)
+from run_records import format_log_line
+from settings import TrainConfig
+from train import parse_config
 
 BUNDLED = [json.loads(line) for line in BUNDLED_PROBLEMS.read_text().splitlines()]
 
@@ -96,6 +91,13 @@ def test_few_shot_answers_earn_full_marks_under_the_real_reward(index: int) -> N
     result = score_completion(problem, tests, answer)
     assert result["total_reward"] == 1.0, result
     assert result["tests_passed"] == result["tests_total"] == tests.count("assert (")
+
+
+def test_few_shot_setting_allows_exactly_the_examples_there_are() -> None:
+    field = next(f for f in dataclasses.fields(TrainConfig) if f.name == "few_shot")
+    assert field.metadata["high"] == len(FEW_SHOT)
+    with pytest.raises(ConfigError, match="GRPO_FEW_SHOT"):
+        parse_config(["--few-shot", str(len(FEW_SHOT) + 1), "--print-config"], {})
 
 
 def test_few_shot_check_passes_at_the_defaults_and_fails_when_the_gate_is_raised() -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import train
-from train import BUNDLED_PROBLEMS, ROOT, main
+from problems import BUNDLED_PROBLEMS, ROOT
+from run_records import latest_checkpoint
+from train import main
 
 STEP_LINE = re.compile(
     r"^\[Epoch \d+\.\d\d\]  loss=-?\d+\.\d{4} *  grad=\d+\.\d{4}  lr=\d\.\d\de[-+]\d\d  "
@@ -96,7 +97,8 @@ def test_demo_warm_starts_then_learns_and_writes_every_output(tmp_path: Path) ->
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
     card = (out / "adapter" / "README.md").read_text(encoding="utf-8")
     assert card == (out / "README.md").read_text(encoding="utf-8")
-    assert f"base_model: {out / 'sft' / 'model'}" in card and "[None]" not in card
+    assert "base_model: sft/model" in card and "[None]" not in card  # paths relative to the run's folder
+    assert str(ROOT) not in card and str(out.parent) not in card  # no path of the machine that trained
     assert "| `GRPO_LEARNING_RATE` | `0.003` | demo |" in card and "merge_and_unload" in card
     assert "`GRPO_BATCH_SIZE`" not in card  # the demo pins it at its default: nothing to tell
     assert "| held-out pass@1 (step 40, 48 problems) |" in card
@@ -203,7 +205,7 @@ def test_a_run_killed_mid_way_resumes_and_counts_each_step_once(tiny_model: Path
     run.send_signal(signal.SIGKILL)
     run.wait()
     assert run.returncode == -signal.SIGKILL, run.stderr.read()[-2000:]
-    last = train.latest_checkpoint(out)
+    last = latest_checkpoint(out)
     killed_at = len(step_lines(log))
     assert last is not None and killed_at > int(last.name.split("-")[1]), (
         "the run must die past its checkpoint"

@@ -1,0 +1,177 @@
+"""Problems: reading a problem's prompt, and loading and validating dataset rows once for every caller.
+
+A row is {id (or name), prompt (or problem), tests, solution?, difficulty?}. `usable_problems` is the one
+validator: the scoring CLI (`rewards.py score`), training, SFT and evaluation all keep and skip the same rows,
+each skipped row named with its reason. Torch-free: `datasets` is imported only where a dataset loads.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from config import ConfigError
+
+ROOT = Path(__file__).resolve().parent
+BUNDLED_PROBLEMS = ROOT / "data" / "problems.jsonl"
+DEMO_PROBLEMS = ROOT / "data" / "demo_problems.jsonl"
+DEMO_SFT = ROOT / "data" / "demo_sft.jsonl"
+HELDOUT_PROBLEMS = ROOT / "data" / "heldout.jsonl"
+
+IDENT = r"[a-z_][A-Za-z0-9_']*"
+TYPE_NAME = re.compile(rf"^(?:type|and)\s+(?:nonrec\s+)?(?:'\w+\s+|\([^)]*\)\s+)?({IDENT})", re.M)
+ESCAPED_LINE_BREAK = re.compile(r"\\\\|\\n")
+
+
+@dataclass(frozen=True)
+class Problem:
+    types: str  # everything before the signature: doc comment, type definitions
+    signature: str  # `let [rec] f (x : t) ... : r =`
+    function: str
+    type_names: frozenset[str]
+
+
+def parse_problem(text: str) -> Problem:
+    """Split a problem prompt at its final top-level `let`; ValueError when it has none."""
+    signatures = list(re.finditer(rf"^let\s+(rec\s+)?({IDENT})\b", text, re.M))
+    if not signatures:
+        raise ValueError("the problem has no signature line `let f ... =`")
+    match = signatures[-1]
+    types = text[: match.start()]
+    return Problem(types, text[match.start() :].strip(), match.group(2), frozenset(TYPE_NAME.findall(types)))
+
+
+def unescape_line_breaks(text: str) -> str:
+    """A prompt or tests field with its line breaks: a text with no line break but the two characters `\\n`
+    (how some CSV exports write one) gets each of them back as a line break."""
+    if "\n" in text:
+        return text
+    return ESCAPED_LINE_BREAK.sub(lambda m: "\n" if m.group() == "\\n" else m.group(), text)
+
+
+def problem_and_tests(row: Mapping, need_tests: bool = True) -> tuple[str, str]:
+    """(prompt, tests) of a dataset row, line breaks unescaped; ValueError naming what the row lacks.
+    Without `need_tests` (SFT reads only prompt and solution) a row without tests gets ""."""
+    problem = row.get("prompt") if row.get("prompt") is not None else row.get("problem")
+    tests = row.get("tests")
+    if not isinstance(problem, str) or not problem.strip():
+        raise ValueError("no prompt (or problem) text")
+    if not isinstance(tests, str) or not tests.strip():
+        if need_tests:
+            raise ValueError("no tests")
+        tests = ""
+    problem = unescape_line_breaks(problem).strip()
+    parse_problem(problem)  # the reward's own reading of a prompt: it needs a final `let f ... =`
+    return problem, unescape_line_breaks(tests)
+
+
+def load_rows(path: Path) -> list[dict]:
+    """Rows of a JSONL, CSV or parquet file."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SystemExit(f"{path}:{number}: not JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise SystemExit(f"{path}:{number}: not a JSON object")
+                rows.append(row)
+    return rows
+
+
+def usable_problems(
+    rows: Iterable[Mapping], warn: Callable[[str], None], *, for_sft: bool = False, need_id: bool = False
+) -> list[dict]:
+    """The rows every caller can use, as {id, problem, tests, solution, difficulty}; each other row named
+    through `warn` with its reason and left out. `solution` is None and `difficulty` "unknown" where a row
+    has none; `for_sft` needs a solution and no tests; `need_id` refuses a row without an id (the scoring
+    CLI matches completions to problems by id), where the others call it "row N"."""
+    problems, seen = [], set()
+    for index, row in enumerate(rows):
+        has_id = row.get("id") not in (None, "")
+        problem_id = str(row["id"]) if has_id else f"row {index}"
+        try:
+            if need_id and not has_id:
+                raise ValueError("no id")
+            if problem_id in seen:
+                raise ValueError("duplicate id")
+            problem, tests = problem_and_tests(row, need_tests=not for_sft)
+            solution = row.get("solution")
+            has_solution = isinstance(solution, str) and bool(solution.strip())
+            if for_sft and not has_solution:
+                raise ValueError("no solution to train on")
+        except ValueError as err:
+            warn(f"skipped problem {problem_id}: {err}")
+            continue
+        seen.add(problem_id)
+        problems.append(
+            {
+                "id": problem_id,
+                "problem": problem,
+                "tests": tests,
+                "solution": unescape_line_breaks(solution) if has_solution else None,
+                "difficulty": str(row.get("difficulty") or "unknown"),
+            }
+        )
+    return problems
+
+
+DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_problems(
+    source: str,
+    warn: Callable[[str], None] = print,
+    *,
+    for_sft: bool = False,
+    setting_name: str = "TRAINING_DATASET",
+) -> list[dict]:
+    """Rows {id, problem, tests, solution, difficulty} from a hub id or a local file or folder; malformed
+    rows reported, skipped. `solution` is None and `difficulty` "unknown" where a row has none; `for_sft`
+    needs a solution and no tests. Line breaks are read as the scoring CLI reads them (a CSV export's
+    `\\n`). An error names `setting_name`, where the source came from."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    path = Path(source).expanduser()
+    try:
+        if path.is_file():
+            builder = DATASET_BUILDERS.get(path.suffix)
+            if builder is None:
+                raise ConfigError(
+                    f"{setting_name}={source!r}: expected a .jsonl, .json, .csv or .parquet file"
+                )
+            rows = datasets.load_dataset(builder, data_files=str(path), split="train")
+        else:
+            rows = datasets.load_dataset(str(path) if path.is_dir() else source, split="train")
+    except ConfigError:
+        raise
+    except Exception as err:  # datasets raises many types; the cause is what the user needs
+        cause = err.__cause__ or err
+        raise ConfigError(
+            f"{setting_name}={source!r}: cannot load it ({type(cause).__name__}: {cause})"
+        ) from None
+
+    return usable_problems(rows, warn, for_sft=for_sft)
+
+
+def bundled_path(name: str) -> str:
+    """A relative path that is not there from the working directory but is in the repository (the default
+    GRPO_EVAL_DATASET, data/heldout.jsonl) resolves to the repository's copy."""
+    if not Path(name).expanduser().exists() and (ROOT / name).exists():
+        return str(ROOT / name)
+    return name

@@ -1,0 +1,259 @@
+"""What a run records and shows: learning.log's lines in the seed's format, metrics.jsonl, the header of
+resolved settings, the console's one line per step, and the model card of an output folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rewards import STAGES
+
+if TYPE_CHECKING:
+    from settings import TrainConfig
+
+
+def append_log_line(path: Path | str, text: str) -> None:
+    """Append one line and flush it, so that a crash or a kill loses nothing already logged."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text.rstrip("\n") + "\n")
+        f.flush()
+
+
+def _num(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def format_log_line(logs: Mapping[str, Any], reward_name: str = "syntax_aware_reward") -> str:
+    """One learning.log line in the seed's format (a missing metric prints as nan)."""
+    m = {k: _num(logs.get(k)) for k in ("epoch", "loss", "grad_norm", "learning_rate", "entropy")}
+    r = {k: _num(logs.get(k)) for k in ("reward", "reward_std", "frac_reward_zero_std")}
+    own_mean = _num(logs.get(f"rewards/{reward_name}/mean"))
+    own_std = _num(logs.get(f"rewards/{reward_name}/std"))
+    return (
+        f"[Epoch {m['epoch']:.2f}]  loss={m['loss']:<7.4f}  grad={m['grad_norm']:.4f}  "
+        f"lr={m['learning_rate']:.2e}  reward={r['reward']:.3f}±{r['reward_std']:.3f}  "
+        f"syntax_rew={own_mean:.3f}±{own_std:.3f}  entropy={m['entropy']:.3f}  "
+        f"frac_zero_std={r['frac_reward_zero_std']:.2f}"
+    )
+
+
+def format_sft_line(logs: Mapping[str, Any]) -> str:
+    """One sft/learning.log line: the loss and token accuracy on the answer tokens."""
+    m = {k: _num(logs.get(k)) for k in ("epoch", "loss", "mean_token_accuracy", "grad_norm", "learning_rate")}
+    return (
+        f"[SFT Epoch {m['epoch']:.2f}]  loss={m['loss']:.4f}  token_acc={m['mean_token_accuracy']:.3f}  "
+        f"grad={m['grad_norm']:.4f}  lr={m['learning_rate']:.2e}"
+    )
+
+
+def format_eval_line(row: Mapping[str, Any]) -> str:
+    """One learning.log line for a held-out evaluation, from its metrics.jsonl row."""
+    stages = "  ".join(f"{s}={_num(row.get(f'eval/stages/{s}')):.2f}" for s in STAGES)
+    return (
+        f"[Eval Epoch {_num(row.get('epoch')):.2f}]  step={row['step']}  problems={row['eval/problems']}  "
+        f"samples={row['eval/samples']}  pass@1={row['eval/pass@1']:.3f}  "
+        f"reward={row['eval/reward']:.3f}±{row['eval/reward_std']:.3f}  {stages}"
+    )
+
+
+def use_step_lines(
+    trainer,
+    log_path: Path,
+    metrics_path: Path,
+    line: Callable[[Mapping[str, Any]], str],
+    console_lines: int | None = None,
+) -> None:
+    """Replace the trainer's progress callback by one that draws the same bar with one readable line per
+    logging step under it, instead of the raw metric dict; the line also goes to learning.log and every metric
+    to metrics.jsonl. Only the main process writes. The end-of-training summary (train_loss, ...) goes to
+    metrics.jsonl only. With `console_lines` the console shows about that many of the lines, evenly spread."""
+    from transformers import ProgressCallback
+
+    class StepLines(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs:
+                return
+            append_log_line(metrics_path, json.dumps({"step": state.global_step, **logs}))
+            if "loss" in logs:
+                text = line(logs)
+                append_log_line(log_path, text)
+                every = max(1, state.max_steps // console_lines) if console_lines else 1
+                if state.global_step % every == 0 or state.global_step == state.max_steps:
+                    console(text)
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(StepLines())
+
+
+def console(text: str) -> None:
+    """Print without breaking a progress bar that is being drawn."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(text)
+
+
+def write_header(
+    log_path: Path,
+    cfg: TrainConfig,
+    sources: Mapping[str, str],
+    resume_from: str | None,
+    program: str = "train.py",
+) -> None:
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    what = f"resumed from {resume_from}" if resume_from else "started"
+    append_log_line(log_path, f"# {started}  {program} {what}; resolved configuration:")
+    for key, value in dataclasses.asdict(cfg).items():
+        append_log_line(log_path, f"#   {key} = {value}  ({sources.get(key, 'default')})")
+
+
+def eval_row(step: int, epoch: float, summary: Mapping[str, Any]) -> dict:
+    """The metrics.jsonl row of one evaluation (evaluate.summarize's summary)."""
+    return {
+        "step": step,
+        "epoch": epoch,
+        "eval/problems": summary["problems"],
+        "eval/samples": summary["k"],
+        "eval/pass@1": summary["pass@1"],
+        "eval/reward": summary["mean_reward"],
+        "eval/reward_std": summary["reward_std"],
+        **{f"eval/stages/{stage}": share for stage, share in summary["stages"].items()},
+    }
+
+
+def as_given(value: Any, run_dir: Path) -> Any:
+    """A local path relative to the run's folder, so that a model card is right on the hub and on any other
+    machine; a hub id, and any value that is not a path, as it is."""
+    if not isinstance(value, str) or not value:
+        return value
+    path = Path(value).expanduser()
+    if not (path.is_absolute() or path.exists()):
+        return value
+    return os.path.relpath(path.resolve(), run_dir.resolve())
+
+
+def model_card(
+    cfg: TrainConfig, sources: Mapping[str, str], metrics_path: Path, weights: Path, *, sft: bool = False
+) -> str:
+    """The README.md of an output folder: what was trained from what, the settings that differ from the
+    defaults, the last metrics, and how to load and merge `weights` (the adapter, or --sft's model)."""
+    rows = [
+        json.loads(line) for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+    last = next((r for r in reversed(rows) if "loss" in r), {})
+    last_eval = next((r for r in reversed(rows) if "eval/pass@1" in r), None)
+    full_model = sft and cfg.sft_all_weights
+    run_dir = Path(cfg.output_dir)
+    model_id, weights = as_given(cfg.model_id, run_dir), as_given(str(weights), run_dir)
+    method = "supervised fine-tuning (TRL's SFTTrainer) on reference solutions" if sft else "GRPO (TRL)"
+    dataset = as_given(cfg.sft_dataset or cfg.training_dataset if sft else cfg.training_dataset, run_dir)
+    changed = [
+        f"| `{f.metadata['env']}` | `{as_given(getattr(cfg, f.name), run_dir)}` | {sources[f.name]} |"
+        for f in dataclasses.fields(cfg)
+        if "env" in f.metadata and getattr(cfg, f.name) != f.default
+    ]
+    metrics = [f"| {name} | {_num(last.get(key)):.4g} |" for name, key in CARD_METRICS if key in last]
+    lines = [
+        "---",
+        f"base_model: {model_id}",
+        f"library_name: {'transformers' if full_model else 'peft'}",
+        "tags: [ocaml, code, trl, grpo, sft, lora]",
+        "---",
+        "",
+        f"# {Path(cfg.output_dir).name}: OCaml code generation",
+        "",
+        f"Base model `{model_id}`, trained by {method} with ocaml-grpo's train.py on `{dataset}`; every "
+        "completion scored by the OCaml toolchain (END marker, type-check, compile, tests). Local paths are "
+        "relative to the run's folder (GRPO_OUTPUT_DIR).",
+        "",
+        "## Settings that differ from the defaults",
+        "",
+        "| setting | value | from |",
+        "|---|---|---|",
+        *(changed or ["| (none) | | |"]),
+        "",
+        f"## Last metrics (step {last.get('step', 'n/a')}, epoch {_num(last.get('epoch')):.2f})",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        *metrics,
+    ]
+    if last_eval:
+        lines += [
+            f"| held-out pass@1 (step {last_eval['step']}, {last_eval['eval/problems']} problems) | "
+            f"{last_eval['eval/pass@1']:.3f} |",
+            f"| held-out mean reward | {last_eval['eval/reward']:.3f} |",
+        ]
+    if full_model:
+        load = [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'model = AutoModelForCausalLM.from_pretrained("{weights}", dtype="auto")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{weights}")',
+        ]
+        merge = ["All weights were trained: the folder is a full model, there is nothing to merge."]
+    else:
+        load = [
+            "from peft import PeftModel",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'base = AutoModelForCausalLM.from_pretrained("{model_id}", dtype="auto")',
+            f'model = PeftModel.from_pretrained(base, "{weights}")',
+            f'tokenizer = AutoTokenizer.from_pretrained("{weights}")',
+        ]
+        merge = [
+            "```python",
+            'model.merge_and_unload().save_pretrained("merged")  # base + adapter as one plain model',
+            'tokenizer.save_pretrained("merged")',
+            "```",
+            "",
+            "(`python train.py --merge-to DIR` does the same at the end of a run.)",
+        ]
+    lines += ["", "## Load", "", "```python", *load, "```", "", "## Merge", "", *merge, ""]
+    return "\n".join(lines)
+
+
+CARD_METRICS = (
+    ("loss", "loss"),
+    ("mean reward", "reward"),
+    ("reward std", "reward_std"),
+    ("share of completions passing every test", "stages/passed"),
+    ("frac_zero_std", "frac_reward_zero_std"),
+    ("entropy", "entropy"),
+    ("token accuracy", "mean_token_accuracy"),
+)
+
+
+def model_card_callback(output_dir: Path, card: Callable[[], str]):
+    """Writes our README.md into the output folder after every checkpoint, over the draft TRL writes there."""
+    from transformers import TrainerCallback
+
+    class ModelCard(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                (output_dir / "README.md").write_text(card(), encoding="utf-8")
+
+    return ModelCard()
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    checkpoints = [p for p in output_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    return max(checkpoints, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def quiet_libraries() -> None:
+    """Silence library output that tells a user nothing: a progress bar per model file loaded or saved (the
+    trainer's own bar stays), and the deprecation warning that TRL's own calls raise in transformers 5."""
+    import warnings
+
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    warnings.filterwarnings(
+        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )

@@ -1,0 +1,266 @@
+"""Every setting of a run, declared once: `TrainConfig`, the reward's settings and the trainer's.
+
+Each field names its env variable, its default and its help; `config.py` turns the fields into CLI flags, the
+resolution flag > env > default, the checks, and the generated table in docs/configuration.md. Nothing here
+imports torch, so a bad value stops in well under a second, before any model loads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from config import ConfigError, setting
+from problems import DATASET_BUILDERS, bundled_path
+from rewards import RewardConfig
+
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+def _tracker_installed(name: str) -> str | None:
+    if name != "none" and importlib.util.find_spec(TRACKER_PACKAGES[name]) is None:
+        return f"the {name} package is not installed (pip install {TRACKER_PACKAGES[name]}), or use none"
+    return None
+
+
+def _vllm_installed(choice: str) -> str | None:
+    if choice == "vllm" and importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed: pip install -r requirements-gpu.txt on the GPU box"
+    return None
+
+
+def _cuda_visible() -> bool:
+    """Whether the CUDA driver shows a device (CUDA_VISIBLE_DEVICES honoured), asked through libcuda
+    rather than torch so that settings resolve without importing torch."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+def generation_path(choice: str) -> str:
+    """GRPO_GENERATION resolved: `auto` is the compiled sampler where CUDA is, TRL's plain sampling elsewhere
+    (vLLM is never picked for you: it is a separate install, and it takes GPU memory or a second GPU)."""
+    if choice != "auto":
+        return choice
+    return "compiled" if _cuda_visible() else "plain"
+
+
+def _module_names(value: str) -> str | None:
+    if not all(name.strip() for name in value.split(",")):
+        return "expected comma-separated module names such as q_proj,v_proj"
+    return None
+
+
+@dataclass
+class TrainConfig(RewardConfig):
+    """Every setting of a run: the reward's (inherited) and the trainer's, named as in TRL."""
+
+    model_id: str = setting(
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct", "GRPO_MODEL_ID", "hub id or local directory of the model to train"
+    )
+    training_dataset: str = setting(
+        "kiranpg/ocaml-training-problems",
+        "TRAINING_DATASET",
+        "hub id, or a local JSONL/CSV/parquet file or folder with id, prompt (or problem), tests",
+    )
+    output_dir: str = setting(
+        "grpo_runs", "GRPO_OUTPUT_DIR", "learning.log, metrics.jsonl, reward_logs/, checkpoints, adapter"
+    )
+    per_device_train_batch_size: int = setting(
+        4, "GRPO_BATCH_SIZE", "prompts per device per step; also completions per forward/backward pass", low=1
+    )
+    gradient_accumulation_steps: int = setting(
+        1, "GRPO_GRAD_ACCUM_STEPS", "multiplies the prompts of one optimizer step", low=1
+    )
+    num_generations: int = setting(
+        6, "GRPO_NUM_GENERATIONS", "completions sampled per prompt (the group)", low=2
+    )
+    max_prompt_length: int = setting(
+        704, "GRPO_MAX_PROMPT", "prompt tokens after the chat template; longer problems are dropped", low=1
+    )
+    max_completion_length: int = setting(
+        512, "GRPO_MAX_COMPLETION", "completion tokens sampled at most", low=1
+    )
+    num_train_epochs: float = setting(
+        1.0, "GRPO_NUM_EPOCHS", "passes over the dataset", low=0, strict_low=True
+    )
+    max_steps: int | None = setting(None, "GRPO_MAX_STEPS", "stop after this many optimizer steps", low=1)
+    learning_rate: float = setting(5e-6, "GRPO_LEARNING_RATE", "peak learning rate", low=0, strict_low=True)
+    temperature: float = setting(0.9, "GRPO_TEMPERATURE", "sampling temperature", low=0, strict_low=True)
+    max_grad_norm: float = setting(
+        1.0, "GRPO_MAX_GRAD_NORM", "gradient clipping norm", low=0, strict_low=True
+    )
+    logging_steps: int = setting(1, "GRPO_LOGGING_STEPS", "optimizer steps per learning.log line", low=1)
+    save_steps: int = setting(100, "GRPO_SAVE_STEPS", "optimizer steps between checkpoints", low=1)
+    save_total_limit: int | None = setting(
+        3, "GRPO_SAVE_TOTAL_LIMIT", "checkpoints kept (oldest deleted)", low=1
+    )
+    beta: float = setting(0.0, "GRPO_BETA", "KL penalty weight; 0 loads no reference model", low=0)
+    loss_type: str = setting("dapo", "GRPO_LOSS_TYPE", "TRL loss formulation", choices=LOSS_TYPES)
+    epsilon_high: float | None = setting(
+        None,
+        "GRPO_EPSILON_HIGH",
+        "upper clip bound (clip-higher, e.g. 0.28); none = 0.2",
+        low=0,
+        strict_low=True,
+    )
+    mask_truncated_completions: bool = setting(
+        False, "GRPO_MASK_TRUNCATED_COMPLETIONS", "leave completions cut at the length limit out of the loss"
+    )
+    top_entropy_quantile: float = setting(
+        1.0,
+        "GRPO_TOP_ENTROPY_QUANTILE",
+        "train only on this share of tokens, highest entropy first (1 = all)",
+        low=0,
+        strict_low=True,
+        high=1,
+    )
+    scale_rewards: str = setting(
+        "group",
+        "GRPO_SCALE_REWARDS",
+        "divide advantages by the reward std of",
+        choices=("group", "batch", "none"),
+    )
+    report_to: str = setting(
+        "none",
+        "GRPO_REPORT_TO",
+        "experiment tracker",
+        choices=tuple(["none", *TRACKER_PACKAGES]),
+        check=_tracker_installed,
+    )
+    generation: str = setting(
+        "auto",
+        "GRPO_GENERATION",
+        "how completions are sampled: plain (TRL's), compiled (LoRA folded in, static cache, compiled "
+        "step; README Speed), vllm (requirements-gpu.txt); auto: compiled on CUDA, plain elsewhere",
+        choices=("auto", "plain", "compiled", "vllm"),
+        check=_vllm_installed,
+    )
+    vllm_mode: str = setting(
+        "colocate",
+        "GRPO_VLLM_MODE",
+        "vLLM in the training process or a `trl vllm-serve` server",
+        choices=("colocate", "server"),
+    )
+    gradient_checkpointing: str = setting(
+        "auto",
+        "GRPO_GRADIENT_CHECKPOINTING",
+        "recompute activations in the backward pass: less memory, slower update; auto: off where the "
+        "estimated peak without it fits the device",
+        choices=("auto", "on", "off"),
+    )
+    stop_on_red_flags: bool = setting(
+        False, "GRPO_STOP_ON_RED_FLAGS", "stop (checkpoint saved) when the seed's stop criteria hold"
+    )
+    lora_r: int = setting(32, "LORA_R", "LoRA rank", low=1)
+    lora_alpha: int = setting(64, "LORA_ALPHA", "LoRA scaling numerator", low=1)
+    lora_dropout: float = setting(0.05, "LORA_DROPOUT", "dropout on the LoRA input", low=0, high=1)
+    lora_bias: str = setting("none", "LORA_BIAS", "which biases train", choices=("none", "all", "lora_only"))
+    lora_target_modules: str = setting(
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        "LORA_TARGET_MODULES",
+        "comma-separated modules that get an adapter",
+        check=_module_names,
+    )
+    few_shot: int = setting(
+        1,
+        "GRPO_FEW_SHOT",
+        "worked examples before the problem in the prompt (0 or 1); 0 suits a model warm-started by "
+        "--sft and shortens every prompt",
+        low=0,
+        high=1,  # the examples prompts.FEW_SHOT holds (a test keeps the two equal)
+    )
+    seed: int = setting(
+        42, "GRPO_SEED", "random seed of initialisation, data order and sampling (GRPO and SFT)"
+    )
+    init_adapter: str | None = setting(
+        None,
+        "GRPO_INIT_ADAPTER",
+        "LoRA adapter folder GRPO continues to train, e.g. an --sft run's GRPO_OUTPUT_DIR/sft/adapter; "
+        "none = a fresh adapter",
+    )
+    sft_dataset: str | None = setting(
+        None,
+        "SFT_DATASET",
+        "--sft: problems with a reference `solution` (hub id or local file, as TRAINING_DATASET); "
+        "none = TRAINING_DATASET",
+    )
+    sft_num_epochs: float = setting(
+        1.0, "SFT_NUM_EPOCHS", "--sft: passes over the dataset", low=0, strict_low=True
+    )
+    sft_max_steps: int | None = setting(
+        None, "SFT_MAX_STEPS", "--sft: stop after this many optimizer steps", low=1
+    )
+    sft_learning_rate: float = setting(
+        2e-4,
+        "SFT_LEARNING_RATE",
+        "--sft: peak learning rate (10% warmup, then cosine decay)",
+        low=0,
+        strict_low=True,
+    )
+    sft_batch_size: int = setting(4, "SFT_BATCH_SIZE", "--sft: problems per device per optimizer step", low=1)
+    sft_all_weights: bool = setting(
+        False,
+        "SFT_ALL_WEIGHTS",
+        "--sft trains every weight and saves a full model instead of a LoRA adapter (for small or "
+        "randomly initialised models)",
+    )
+    eval_dataset: str | None = setting(
+        "data/heldout.jsonl",
+        "GRPO_EVAL_DATASET",
+        "held-out problems scored during training (hub id or local file, as TRAINING_DATASET; the default is "
+        "the bundled 48); none = no file",
+    )
+    eval_holdout: int = setting(
+        0,
+        "GRPO_EVAL_HOLDOUT",
+        "problems of TRAINING_DATASET (picked by GRPO_SEED) kept out of training and evaluated as well",
+        low=0,
+    )
+    eval_steps: int | None = setting(
+        100,
+        "GRPO_EVAL_STEPS",
+        "optimizer steps between held-out evaluations, plus one before the first step and one at the end; "
+        "none = no evaluation",
+        low=1,
+    )
+    eval_samples: int = setting(
+        1, "GRPO_EVAL_SAMPLES", "completions sampled per held-out problem; pass@1 is their pass rate", low=1
+    )
+
+
+def check_paths(cfg: TrainConfig, sources: Mapping[str, str]) -> None:
+    """Local model and dataset paths must exist; each failure is one line."""
+    model_path = Path(cfg.model_id).expanduser()
+    model_missing = not (model_path / "config.json").is_file() and sources["model_id"] != "demo"
+    if looks_local(cfg.model_id) and model_missing:
+        raise ConfigError(f"GRPO_MODEL_ID={cfg.model_id!r}: no model directory (config.json) there")
+    datasets = [
+        ("TRAINING_DATASET", cfg.training_dataset),
+        ("SFT_DATASET", cfg.sft_dataset),
+        ("GRPO_EVAL_DATASET", cfg.eval_dataset and bundled_path(cfg.eval_dataset)),
+    ]
+    for env, name in datasets:
+        if name and looks_local(name) and not Path(name).expanduser().exists():
+            raise ConfigError(f"{env}={name!r}: no such file or folder")
+    if cfg.init_adapter and not (Path(cfg.init_adapter).expanduser() / "adapter_config.json").is_file():
+        raise ConfigError(
+            f"GRPO_INIT_ADAPTER={cfg.init_adapter!r}: no PEFT adapter (adapter_config.json) there"
+        )
+
+
+def looks_local(name: str) -> bool:
+    """A hub id is `owner/name`; anything that exists, or reads like a path or a file name, is local."""
+    return (
+        Path(name).expanduser().exists()
+        or name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or Path(name).suffix in DATASET_BUILDERS
+    )
