@@ -3,7 +3,7 @@
 A field's CLI flag is its env variable in lower case with dashes and without the `GRPO_` prefix
 (`GRPO_NUM_GENERATIONS` -> `--num-generations`). Values resolve as flag > env > default, are parsed
 by the field's type annotation and checked against its bounds, so a bad value stops with one line
-that names the variable. `--help` and the README's configuration table are generated from the same
+that names the variable. `--help` and the settings table of docs/configuration.md are generated from the same
 fields. No torch import here: the reward's CLI uses this module too.
 """
 
@@ -172,7 +172,7 @@ def _shown(value: Any) -> str:
 
 
 def markdown_table(cls: type) -> str:
-    """The README's configuration table for `cls`."""
+    """The settings table of docs/configuration.md for `cls`."""
     rows = ["| env variable | flag | default | meaning |", "|---|---|---|---|"]
     for f in _settings(cls):
         env = f.metadata["env"]
