@@ -7,10 +7,16 @@ Each worker owns two processes, started once and reused for every completion it 
   with Dynlink, and reports the tally of passed assertions, killing the child's process group at the
   deadline.
 With bubblewrap both run in a sandbox: system folders read-only, only the worker's temp dir mounted
-(writable for the checker, read-only for the runner), no network, no home, a new PID namespace, dying
-with the parent. The runner runs as an unprivileged uid of its own under resource limits (CPU seconds,
-address space, processes, file size, open files) that every child inherits. Without bubblewrap the same
-processes run under the limits only.
+(writable for the checker, read-only for test programs when we are root), no network, no home, no
+/proc, a new PID namespace, dying with the parent. The runner and every child inherit resource limits
+(CPU seconds, address space, processes, file size, open files). Without bubblewrap the same processes
+run under the limits only.
+
+A completion must never read the tests it is judged by. The compiled unit holds the assertions'
+expected values, so it is written 0600 under a random name, and the runner's child unlinks it, closes
+every other way to it and (when we are root) drops to the worker's unprivileged uid before any code of
+the problem or the completion runs (ocaml/runner.ml says how). docs/sandbox.md lists what a completion
+can see and write, channel by channel.
 """
 
 from __future__ import annotations
@@ -91,11 +97,32 @@ class Outcome:
     tests_total: int = 0
     verdicts: dict[int, str] = field(default_factory=dict)
     ended: str = ""  # how the test program ended: "exit 0", "signal 9", "timeout", ...
+    # The first compiler error (in "solution.ml", the code as scored, or "tests.ml"), else the first
+    # assertion that raised (first_failure); never a path of the worker's folders.
     error_sample: str = ""
+    assert_lines: list[int] = field(default_factory=list)  # the tests' line of each assertion, in order
 
     @property
     def tests_passed(self) -> int:
         return sum(v == "pass" for v in self.verdicts.values())
+
+
+def first_failure(outcome: Outcome, raised: bool = False) -> str:
+    """The first assertion that did not pass (with `raised`, that raised), placed by its line in the
+    tests: the trusted side keeps the lines (the test program never sees them), so that the logs can
+    say which assertion went wrong."""
+    for index in range(1, outcome.tests_total + 1):
+        verdict = outcome.verdicts.get(index, "")
+        if verdict == "pass" or (raised and not verdict.startswith("exn")):
+            continue
+        if verdict.startswith("exn"):
+            what = f"raised {verdict[4:]}"
+        else:
+            what = "failed" if verdict == "fail" else f"did not finish ({outcome.ended})"
+        line = outcome.assert_lines[index - 1] if index <= len(outcome.assert_lines) else 0
+        place = f'File "tests.ml", line {line}: ' if line else ""
+        return f"{place}assertion {index} of {outcome.tests_total} {what}"[:300]
+    return ""
 
 
 # --- building the OCaml side --------------------------------------------------------------------------
@@ -157,7 +184,9 @@ def _ocamlfind(compiler: str, args: list[str], cwd: Path) -> str | None:
 # --- sandbox ----------------------------------------------------------------------------------------
 
 
-def bwrap_args(workdir: Path, tools: Path) -> list[str]:
+def bwrap_args(workdir: Path, tools: Path, init: bool = False) -> list[str]:
+    """The sandbox around `argv`; with `init`, argv is the PID namespace's init, so that every process
+    in it is argv's descendant (the runner counts on it to find what a completion left running)."""
     args = ["bwrap", "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
@@ -177,9 +206,18 @@ def bwrap_args(workdir: Path, tools: Path) -> list[str]:
         str(workdir),
         "--chdir",
         str(workdir),
+        # The sandbox's own tmpfs folders (its /tmp, the folders above our mounts, /dev and /dev/shm)
+        # read-only; device nodes still work. A trainer that is not root runs test programs as its own
+        # uid, which owns them and could otherwise leave files there for the completions after it.
+        "--remount-ro",
+        "/",
+        "--remount-ro",
+        "/dev",
     ]
     # No user namespace: as root we want the runner's uid to be a real unprivileged uid on the host.
     args += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    if init:
+        args.append("--as-pid-1")
     return [*args, "--die-with-parent", "--new-session", "--"]
 
 
@@ -226,8 +264,17 @@ def _warn_no_bwrap(problem: str) -> None:
     )
 
 
+@functools.cache
+def _warn_unsealed(problem: str) -> None:
+    # Every completion would score as failing its tests: say so once, loudly.
+    log.error(
+        "the reward cannot run tests without exposing them (%s): no test passes until this is fixed", problem
+    )
+
+
 def _limit_child(limits: Limits, uid: int | None):
-    """preexec_fn for the runner: resource limits (inherited by each test program), then our own uid."""
+    """preexec_fn for the runner: resource limits, inherited by each test program. The process cap only
+    where test programs get a uid of their own: it counts every process of the uid."""
     cpu = max(1, int(limits.run_timeout) + 1)
     memory = limits.memory_mb << 20
 
@@ -302,8 +349,8 @@ class _Worker:
         self.checker: _Process | None = None
         self.runner: _Process | None = None
 
-    def _sandboxed(self, argv: list[str]) -> list[str]:
-        return bwrap_args(self.dir, self.tools) + argv if self.mode == "bwrap" else argv
+    def _sandboxed(self, argv: list[str], init: bool = False) -> list[str]:
+        return bwrap_args(self.dir, self.tools, init) + argv if self.mode == "bwrap" else argv
 
     def _start_checker(self) -> _Process:
         argv = [str(self.tools / "checker"), str(self.tools / "include")]
@@ -311,43 +358,66 @@ class _Worker:
 
         def limit() -> None:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+            os.umask(0o077)  # the compiled tests: readable by our own user only
 
         return _Process(self._sandboxed(argv), self.dir, preexec_fn=limit)
 
     def _start_runner(self) -> _Process:
+        # The runner keeps our uid: each child reads its unit, unlinks it, and only then drops to
+        # self.uid, before the completion runs (ocaml/runner.ml).
         argv = [str(self.tools / "runner.byte")]
-        if self.mode == "bwrap":
-            # Inside its own PID namespace the runner may kill every process of its uid after each job.
-            argv.append("--sweep")
         if self.uid is not None:
-            drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups", "--"]
-            argv = drop + argv
-        return _Process(self._sandboxed(argv), self.dir, preexec_fn=_limit_child(self.limits, self.uid))
+            argv += ["--uid", str(self.uid)]
+        if self.mode == "bwrap":
+            # As the init of its own PID namespace the runner sees, and kills, whatever a job left running.
+            argv.append("--sweep")
+        sandboxed = self._sandboxed(argv, init=True)
+        return _Process(sandboxed, self.dir, preexec_fn=_limit_child(self.limits, self.uid))
 
     def evaluate(self, job: Job) -> Outcome:
-        outcome = self._check(job)
-        compiled = [self.dir / f"u{job.key}.{ext}" for ext in ("cmo", "cmi")]
+        # A random name: no earlier completion can have planted a file under it.
+        token = secrets.token_hex(16)
+        module = f"U{token}"
         try:
+            outcome = self._check(job, module)
             if outcome.compiled:
-                self._run(compiled[0], outcome)
+                self._run(self.dir / f"u{token}.cmo", outcome)
+            outcome.error_sample = self._scrubbed(outcome.error_sample)
+            if outcome.compiled and not outcome.error_sample:
+                outcome.error_sample = first_failure(outcome, raised=True)
             return outcome
         finally:
-            for path in compiled:
-                path.unlink(missing_ok=True)
+            self._clear()
 
-    def _check(self, job: Job) -> Outcome:
+    def _clear(self) -> None:
+        """Empties the worker's folder: the unit if it was never run, and anything a test program left
+        (possible only when we are not root), so that no completion sees another's files."""
+        for entry in os.scandir(self.dir):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+    def _scrubbed(self, sample: str) -> str:
+        """The worker's folders are no business of the logs: messages name the program's own files."""
+        for folder in (self.dir, self.tools):
+            sample = sample.replace(f"{folder}/", "").replace(str(folder), ".")
+        return sample
+
+    def _check(self, job: Job, module: str) -> Outcome:
         if self.checker is None or self.checker.proc.poll() is not None:
             self.checker = self._start_checker()
         texts = [t.encode("utf-8", errors="replace") for t in (job.types, job.code, job.tests)]
         sizes = " ".join(str(len(t)) for t in texts)
-        self.checker.send(f"{self.dir} U{job.key} {job.function} {sizes}".encode() + b"\n" + b"".join(texts))
+        self.checker.send(f"{self.dir} {module} {job.function} {sizes}".encode() + b"\n" + b"".join(texts))
         reply = self.checker.read_line(time.monotonic() + self.limits.compile_timeout)
         if reply is None:
             # A runaway type-checker (or a crash): restart it and report the completion as not compiling.
             self.checker.stop()
             self.checker = None
             return Outcome(ended="compile timeout", error_sample="the compiler timed out or crashed")
-        fields = reply.split("\t", 6)
+        fields = reply.split("\t", 7)
         numbers = [int(x) for x in fields[:6]]
         return Outcome(
             syntax_errors=numbers[0],
@@ -356,7 +426,8 @@ class _Worker:
             definitions_ok=numbers[3],
             compiled=numbers[4] == 1,
             tests_total=numbers[5],
-            error_sample=fields[6][:300] if len(fields) > 6 else "",
+            assert_lines=[int(x) for x in fields[6].split(",") if x] if len(fields) > 6 else [],
+            error_sample=fields[7][:300] if len(fields) > 7 else "",
         )
 
     def _run(self, cmo: Path, outcome: Outcome) -> None:
@@ -374,17 +445,18 @@ class _Worker:
             parts = line.split(" ", 3)
             if len(parts) >= 3 and parts[0] == "R" and parts[1] == nonce:
                 index, verdict = parts[2], (parts[3] if len(parts) > 3 else "")
+                if verdict.startswith("exn"):
+                    verdict = self._scrubbed(verdict)
                 if index.isdigit() and 1 <= int(index) <= outcome.tests_total:
                     outcome.verdicts.setdefault(int(index), verdict)
             elif line.startswith("R ! ") and not outcome.error_sample:
-                outcome.error_sample = line[4:300]
+                outcome.error_sample = line[4:300]  # the test program could not load or seal
+                if outcome.error_sample.startswith("sealing"):
+                    _warn_unsealed(outcome.error_sample)
         else:
             self.runner.stop()
             self.runner = None
             outcome.ended = "runner failed"
-        first_exn = next((v for v in outcome.verdicts.values() if v.startswith("exn")), None)
-        if first_exn and not outcome.error_sample:
-            outcome.error_sample = "exception: " + first_exn[4:]
 
     def stop(self) -> None:
         for process in (self.checker, self.runner):

@@ -5,14 +5,23 @@
    Argument: the one folder of the load path (the stdlib's interfaces and Tally's).
    Request on stdin: a line "DIR MODULE FUNCTION" with the byte sizes of three texts, then the texts: the
    problem's definitions, the completion's solution, the tests. Reply, one line of tab-separated fields:
-   syntax_errors, type_errors, definitions, definitions_ok, compiled (0/1), tests_total, error_sample.
+   syntax_errors, type_errors, definitions, definitions_ok, compiled (0/1), tests_total, the tests' line
+   of each assertion (comma-separated), error_sample.
 
-   The unit compiled to DIR/module.cmo is [types; module Solution (_ : sig end) = struct code end;
-   harness; tests]. When it does not compile, the completion is typed one top-level definition at a
-   time: a failing definition is left out, and errors that only say a left-out name is unbound are not
-   counted again.
+   The unit compiled to DIR/module.cmo is [Tally.seal (); types; module Solution (_ : sig end) = struct
+   code end; harness; tests]. When it does not compile, the completion is typed one top-level definition
+   at a time: a failing definition is left out, and errors that only say a left-out name is unbound are
+   not counted again.
    The completion sits in a functor so that its top-level effects run only when the harness applies
-   it, and the harness, defined after it, is out of its reach. *)
+   it, and the harness, defined after it, is out of its reach. [Tally.seal] comes first: the runner's
+   child removes the unit from the file system before any other code of it runs (ocaml/runner.ml).
+   The unit holds the tests' expected values (never their source text), so it is written 0600 (the
+   parent starts the checker with umask 077) under a name the parent draws at random. The line of each
+   assertion goes to the parent in the reply, for its logs.
+
+   Errors name the file as the parent describes it: "solution.ml" is the completion's code as scored
+   (the problem's signature line first where the completion had none), "tests.ml" the tests,
+   "problem.ml" the problem's definitions; never the worker's folder. *)
 
 open Parsetree
 
@@ -20,11 +29,15 @@ let message_of exn =
   match Location.error_of_exn exn with
   | Some (`Ok report) ->
       let text = Format.asprintf "%t" report.Location.main.txt in
-      let line = report.Location.main.loc.Location.loc_start.Lexing.pos_lnum in
-      (line, text)
-  | _ -> (0, Printexc.to_string exn)
+      let start = report.Location.main.loc.Location.loc_start in
+      ((start.Lexing.pos_fname, start.Lexing.pos_lnum), text)
+  | _ -> (("", 0), Printexc.to_string exn)
 
-let sample (line, text) = if line > 0 then Printf.sprintf "line %d: %s" line text else text
+(* Only our three file names: a location elsewhere (the harness, the unit as a whole) is not shown. *)
+let sample ((file, line), text) =
+  if line > 0 && List.mem file [ "solution.ml"; "tests.ml"; "problem.ml" ] then
+    Printf.sprintf "File \"%s\", line %d: %s" file line text
+  else text
 
 let parse name text =
   let lexbuf = Lexing.from_string text in
@@ -99,9 +112,11 @@ let count_type_errors env items =
 
 let lid text = Location.mknoloc (Parse.longident (Lexing.from_string text))
 
-(* Each assertion of the tests becomes [Tally.check tally_token i (fun () -> assertion)]. *)
+(* Each assertion of the tests becomes [Tally.check tally_token i (fun () -> assertion)]; also returns
+   the line of each, for the parent's logs. *)
 let instrument_tests tests =
   let count = ref 0 in
+  let lines = ref [] in
   let open Ast_helper in
   let rec rewrite e =
     match e.pexp_desc with
@@ -111,6 +126,7 @@ let instrument_tests tests =
     | Pexp_let (flag, vbs, body) -> { e with pexp_desc = Pexp_let (flag, vbs, rewrite body) }
     | Pexp_assert _ ->
         incr count;
+        lines := e.pexp_loc.Location.loc_start.Lexing.pos_lnum :: !lines;
         let thunk = Exp.fun_ Asttypes.Nolabel None (Pat.construct (lid "()") None) e in
         Exp.apply
           (Exp.ident (lid "Tally.check"))
@@ -129,7 +145,9 @@ let instrument_tests tests =
     | _ -> i
   in
   let items = List.map item tests in
-  (items, !count)
+  (items, !count, List.rev !lines)
+
+let seal = Parse.implementation (Lexing.from_string "let () = Tally.seal ()\n")
 
 let harness fname =
   Parse.implementation
@@ -151,6 +169,8 @@ let compile_unit dir modname ast =
   Env.set_unit_name modname;
   let info =
     {
+      (* Typing looks for an interface beside it: the module's name is random, nothing a completion
+         could plant in the folder beforehand. *)
       Compile_common.source_file = output_prefix ^ ".ml";
       module_name = modname;
       output_prefix;
@@ -169,28 +189,31 @@ let reply fields =
   print_string (String.concat "\t" fields ^ "\n");
   flush stdout
 
-let failure syntax_errors type_errors definitions ok total error =
-  reply (List.map string_of_int [ syntax_errors; type_errors; definitions; ok; 0; total ] @ [ clean (sample error) ])
+let numbers = List.map string_of_int
+let line_list lines = String.concat "," (numbers lines)
+
+let failure syntax_errors type_errors definitions ok total lines error =
+  reply (numbers [ syntax_errors; type_errors; definitions; ok; 0; total ] @ [ line_list lines; clean (sample error) ])
 
 (* Compile first: most completions that get this far are whole; only a failure pays for counting. *)
 let check dir modname fname types_src code_src tests_src =
   Env.set_unit_name modname;
-  let types = parse "types.ml" types_src in
-  match parse "code.ml" code_src with
-  | exception exn -> failure 1 0 0 0 0 (message_of exn)
+  let types = parse "problem.ml" types_src in
+  match parse "solution.ml" code_src with
+  | exception exn -> failure 1 0 0 0 0 [] (message_of exn)
   | code -> (
-      let tests, total = instrument_tests (parse "tests.ml" tests_src) in
+      let tests, total, lines = instrument_tests (parse "tests.ml" tests_src) in
       let definitions = List.length code in
       let snapshot = Btype.snapshot () in
-      match compile_unit dir modname (types @ [ solution_functor code ] @ harness fname @ tests) with
-      | () -> reply (List.map string_of_int [ 0; 0; definitions; definitions; 1; total ] @ [ "" ])
+      match compile_unit dir modname (seal @ types @ [ solution_functor code ] @ harness fname @ tests) with
+      | () -> reply (numbers [ 0; 0; definitions; definitions; 1; total ] @ [ line_list lines; "" ])
       | exception compile_error -> (
           Btype.backtrack snapshot;
           Typecore.reset_delayed_checks ();
           let _, _, _, env = Typemod.type_structure (Compmisc.initial_env ()) types in
           match count_type_errors env code with
-          | errors, ok, Some first -> failure 0 errors definitions ok total first
-          | _, ok, None -> failure 0 0 definitions ok total (message_of compile_error)))
+          | errors, ok, Some first -> failure 0 errors definitions ok total lines first
+          | _, ok, None -> failure 0 0 definitions ok total lines (message_of compile_error)))
 
 (* A request is "DIR MODULE FUNCTION TYPES_BYTES CODE_BYTES TESTS_BYTES", then those three texts. *)
 let () =
@@ -212,7 +235,7 @@ let () =
           let code = really_input_string stdin (int_of_string n_code) in
           let tests = really_input_string stdin (int_of_string n_tests) in
           try check dir modname fname types code tests
-          with exn -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; clean ("checker: " ^ snd (message_of exn)) ])
-      | _ -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; "checker: bad request" ]
+          with exn -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; ""; clean ("checker: " ^ snd (message_of exn)) ])
+      | _ -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; ""; "checker: bad request" ]
     done
   with End_of_file -> ()

@@ -150,7 +150,7 @@ def test_error_counts_order_the_rewards():
     assert (syntax["stage"], syntax["syntax_errors"], syntax["type_check"]) == ("syntax_error", 1, 0)
     assert (three["stage"], three["type_errors"]) == ("type_error", 3)
     assert (one["stage"], one["type_errors"]) == ("type_error", 1)
-    assert one["error_sample"].startswith("line 2:")
+    assert one["error_sample"].startswith('File "solution.ml", line 2:')
     rewards_in_order = [r["total_reward"] for r in (syntax, three, one, compiled)]
     assert rewards_in_order == sorted(rewards_in_order) and len(set(rewards_in_order)) == 4
 
