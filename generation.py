@@ -1,29 +1,38 @@
 """Sampling from the policy being trained at compiled speed without vLLM; the gradient-checkpointing rule.
 
-TRL's GRPOTrainer samples from the PEFT model as it trains it: LoRA unmerged, a dynamic KV cache and no
-torch.compile (its GenerationConfig sets `disable_compile`). On an H100 that is 114 ms per decoding step of
-24 sequences; with the LoRA folded into the weights, a static cache and a compiled step it is 8.7 ms (the
-probe in issue 11; the unmerged LoRA under compile was 12.7 ms, hence the fold). `CompiledSampler` samples
-that way and keeps the policy exact:
+TRL's GRPOTrainer samples from the PEFT model as it trains it: a dynamic KV cache and no torch.compile (its
+GenerationConfig sets `disable_compile`). On an H100 that is 114 ms per decoding step of 24 sequences; with
+a static cache and a compiled step it is 12.7 ms with the LoRA unmerged (the probe in issue 11).
+`CompiledSampler` samples that way:
 
-- each LoRA delta is added to its base weight in float32 and rounded once, and the adapters are disabled
-  while sampling, so the sampler's forward is the trained policy's up to that rounding
-  (tests/test_generation.py measures the log-probability difference). LoRA dropout is off, as it is for
-  the merged weights TRL hands vLLM;
-- the base weights are copied before and copied back after, so they return bit for bit: subtracting the
-  delta again in bf16 would not, and the drift would grow over thousands of steps;
-- the KV cache is static and of one length for every call (prompt budget + completion budget).
-  transformers compiles only the decoding step (the prefill runs eagerly), and the step's shapes are the
-  batch size and the cache length, so prompts of any length share one graph and need no padding to length
-  buckets: a training run compiles once. Attending over the unused cache positions costs little: at the
-  seed's shapes the cache is a fifth of the bytes a decoding step reads, the weights the rest. The cache
-  is kept from call to call (0.8 GiB at the seed's shapes): at the same addresses, the CUDA graph recorded
-  in the first call is replayed in every later one, where a fresh cache (transformers' way) would have it
-  recorded again each call. Every call that compiles is logged with its time; a compile for a shape
-  already compiled is logged as a recompilation, so one repeated every step cannot go unseen.
+- the LoRA stays unmerged: the sampler runs the very modules the trainer's forward runs, in eval mode (no
+  dropout), so it samples the policy being trained. Folding each delta into its bf16 weight was faster in
+  the probe (8.7 ms) but not exact where it matters: a delta under half a bf16 step of its weight rounds
+  away, and at GRPO's learning rates the deltas of the first steps are that small. Measured on the CPU
+  (bench/sampler_exactness.py, BENCHMARKS.md: Qwen2.5-Coder-1.5B's widths, bf16 weights, LoRA r 32 where 20
+  Adam steps at lr 5e-6 take it), the fold lost 63% of the LoRA's effect on the log-probabilities, the
+  unmerged LoRA none, while TRL treats the samples as on-policy. TRL's importance-sampling correction
+  would repair the lag only where its vLLM path runs, so not here. No weight is written, so none needs
+  restoring, and no copy of the weights is held;
+- the model is put in one state for every call, whoever makes it (TRL's round, the held-out evaluation):
+  eval mode, gradient checkpointing off and the embeddings' hooks set aside, because dynamo guards on each
+  and a second state is a second compile;
+- the KV cache is static and of one length for every call (prompt budget + completion budget), and a call
+  with fewer rows than a training round is padded to a round. transformers compiles only the decoding step
+  (the prefill runs eagerly), whose shapes are the batch size and the cache length, so prompts of any
+  length share one graph: a run compiles once. Attending over the unused cache positions costs little: at
+  the seed's shapes the cache is a fifth of the bytes a decoding step reads. The cache is kept from call to
+  call (0.8 GiB at the seed's shapes): at the same addresses, the CUDA graph recorded in the first call is
+  replayed in every later one;
+- it cannot sink a run: with GRPO_GENERATION=auto, a call whose compile fails (no triton, no C compiler, an
+  old GPU, an inductor error) logs one line and that call and every later one sample with TRL's plain
+  path; with `compiled` asked for explicitly the run stops with one line naming GRPO_GENERATION=plain.
+  The first compile is announced before it starts, a later one is a WARNING, and so is a round whose time
+  per decoding step doubles against the first rounds after the compile (CUDA graphs re-recorded, say).
 
-train.py installs the sampler as the PEFT model's `generate`, the one call through which TRL samples
-without vLLM. Evaluation code calls `CompiledSampler.generate(model, input_ids, attention_mask, config)`.
+train.py installs the sampler as the PEFT model's `generate`, the one call through which TRL samples without
+vLLM; the held-out evaluation (evaluate.sample_completions) calls the same `model.generate`, so it samples
+through the sampler too, in batches of a training round.
 """
 
 from __future__ import annotations
@@ -32,13 +41,13 @@ import copy
 import functools
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 from peft import PeftModel
-from peft.tuners.lora import LoraLayer
 from torch._dynamo.utils import counters  # dynamo's own tally of compiled graphs; no public equivalent
 from transformers import (
     AutoConfig,
@@ -51,37 +60,45 @@ from transformers import (
     StaticCache,
 )
 
+from config import ConfigError
+
+# transformers' compile backend on CUDA is inductor. On the CPU transformers does not compile at all; the
+# sampler makes it run dynamo with the eager backend there, so the graph capture, its guards and its
+# recompilations are exercised without inductor's C++ build (35 s for even the 2-layer test model). Tests
+# set another backend (one that raises) to make a compile fail.
+CPU_BACKEND = "eager"
+SLOWDOWN = 2.0  # a round this many times slower per decoding step than the first rounds is a WARNING
+BASELINE_ROUNDS = 3  # the rounds after the compiling one whose median is the baseline
+
 
 @contextmanager
-def folded_lora(model: PreTrainedModel | PeftModel) -> Iterator[PreTrainedModel]:
-    """The model to sample from, in eval mode: a PEFT model's base model with every active LoRA delta added
-    to its weight and the adapters disabled, or a plain model as it is. On exit the base weights are copied
-    back from a copy taken before the fold, so they are bit-identical, and the training mode is restored."""
+def sampling_state(model: PreTrainedModel | PeftModel) -> Iterator[PreTrainedModel]:
+    """The model to call `generate` on, in the one state every sampling call gets: eval mode (no dropout,
+    LoRA's included), gradient checkpointing off, the input embeddings without their forward hooks. A PEFT
+    model's LoRA stays active and unmerged. Everything is put back on exit."""
     training = model.training
-    # One mode for every call, so TRL (train mode) and an evaluation loop (eval mode) share the compiled
-    # graph, which dynamo guards on `training`; and no dropout in sampling.
+    # Checkpointing does nothing in eval mode, but dynamo guards on the layers' flag, and even on whether
+    # the flag is an attribute of the layer or of its class: TRL turns it off around its own generate and an
+    # evaluation would not, which made the evaluation compile a second graph. Every call sees the attribute
+    # set, to False.
+    flags = [
+        (m, m.__dict__.get("gradient_checkpointing"))
+        for m in model.modules()
+        if hasattr(m, "gradient_checkpointing")
+    ]
+    policy = model.get_base_model() if isinstance(model, PeftModel) else model
     model.eval()
+    for module, _ in flags:
+        module.gradient_checkpointing = False
     try:
-        if not isinstance(model, PeftModel):
-            yield model
-            return
-        layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
-        with torch.no_grad():
-            # Copies on the same device: copying back is a few milliseconds even for 1.5B parameters.
-            originals = [layer.get_base_layer().weight.detach().clone() for layer in layers]
-            for layer in layers:
-                weight = layer.get_base_layer().weight
-                deltas = [layer.get_delta_weight(name).float() for name in layer.active_adapters]
-                # In place, so the compiled graph (and its CUDA graphs) keeps reading the same storage.
-                weight.copy_(weight.float() + sum(deltas))
-        try:
-            with model.disable_adapter():
-                yield model.get_base_model()
-        finally:
-            with torch.no_grad():
-                for layer, original in zip(layers, originals, strict=True):
-                    layer.get_base_layer().weight.copy_(original)
+        with hooks_set_aside(policy.get_input_embeddings()):
+            yield policy
     finally:
+        for module, value in flags:
+            if value is None:
+                del module.gradient_checkpointing  # the class's default again
+            else:
+                module.gradient_checkpointing = value
         model.train(training)
 
 
@@ -101,23 +118,89 @@ def hooks_set_aside(embeddings: torch.nn.Module) -> Iterator[None]:
         hooks.update(kept)
 
 
+def one_line_reason(err: BaseException) -> str:
+    """The root cause of a failure, on one line: dynamo wraps a backend's error in its own
+    (`backend='inductor' raised:` and a traceback), which says nothing by itself."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    inner = getattr(err, "inner_exception", None)  # dynamo's BackendCompilerFailed keeps the backend's error
+    if isinstance(inner, BaseException):
+        err = inner
+    first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+    text = f"{type(err).__name__}: {first}" if first else type(err).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def sharded_weights() -> str | None:
+    """Why the weights are not whole on this process (DeepSpeed ZeRO-3, FSDP), or None. The compiled step
+    would read weights gathered into new memory every round: its CUDA graphs re-recorded each time."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    from transformers.modeling_utils import is_fsdp_enabled
+
+    if is_deepspeed_zero3_enabled():
+        return "DeepSpeed ZeRO-3 shards the weights"
+    if is_fsdp_enabled():
+        return "FSDP shards the weights"
+    return None
+
+
+def frozen_weights() -> str | None:
+    """Why inductor would bake the weights into the compiled graph, or None: with freezing on, the first
+    round's weights would be sampled for the whole run."""
+    import torch._inductor.config as inductor_config
+
+    if inductor_config.freezing:
+        return "TORCHINDUCTOR_FREEZING=1 bakes the first round's weights into the compiled graph"
+    return None
+
+
 class CompiledSampler:
-    """`generate` through the folded policy with a static KV cache and transformers' compiled decoding step.
+    """`generate` through the policy with a static KV cache and transformers' compiled decoding step.
 
-    `log` receives one line for every call that compiled (a new batch size, or a recompilation)."""
+    `batch_size` is a training round's rows on this process: calls with fewer rows (a small held-out set)
+    are padded to it, so they share the round's graph. `asked` is what GRPO_GENERATION said: `auto` falls
+    back to plain sampling when a compile fails, `compiled` stops the run. `log` receives notes (the compile,
+    a fallback), `warn` the WARNING lines."""
 
-    def __init__(self, max_prompt_length: int, log: Callable[[str], None] = print) -> None:
-        self.max_prompt_length = max_prompt_length
+    def __init__(
+        self,
+        max_prompt_length: int,
+        batch_size: int | None = None,
+        *,
+        asked: str = "compiled",
+        log: Callable[[str], None] = print,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        if asked not in ("auto", "compiled"):
+            raise ValueError(f"asked: expected auto or compiled, got {asked!r}")
+        self.max_prompt_length, self.batch_size, self.asked = max_prompt_length, batch_size, asked
         self.log = log
+        self.warn = warn or log
         self.caches: dict[tuple[int, int], StaticCache] = {}  # by (batch size, cache length)
-        self.compiled_shapes: set[tuple[int, int]] = set()
+        self.compiles = 0  # calls that compiled
+        self.calls = 0
+        self.failed: str | None = None  # the reason, once a compile failed and auto fell back to plain
+        self.step_ms: list[float] = []  # ms per decoding step of each call since the last compile
+        self.slow_warned = False
+        self.cudagraph_skips = 0
 
-    def install(self, model: PeftModel) -> None:
-        """Make this sampler `model.generate`. TRL's GRPOTrainer samples (without vLLM) by calling `generate`
-        on the model `unwrap_model_for_generation` hands it, which is this object (accelerate and DDP wrap
-        it, they do not replace it), so an attribute on it is the narrowest hook: no TRL code replaced or
-        copied, and TRL's vLLM path never reaches it."""
+    def install(self, model: PeftModel) -> bool:
+        """Make this sampler `model.generate`, unless the compiled graph would be wrong or useless here
+        (sharded or frozen weights): then `auto` leaves TRL's sampling (returns False) and `compiled` stops.
+        TRL's GRPOTrainer samples (without vLLM) by calling `generate` on the model
+        `unwrap_model_for_generation` hands it, which is this object (accelerate and DDP wrap it, they do not
+        replace it), so an attribute on it is the narrowest hook: no TRL code replaced or copied."""
+        refusal = sharded_weights() or frozen_weights()
+        if refusal:
+            if self.asked == "compiled":
+                raise ConfigError(
+                    f"GRPO_GENERATION=compiled: {refusal}; set GRPO_GENERATION=plain (or auto) to sample "
+                    "without the compiled sampler"
+                )
+            self.log(f"sampling: plain, not compiled: {refusal}")
+            return False
         model.generate = functools.partial(self.generate, model)
+        return True
 
     def generation_config(self, config: GenerationConfig, device: torch.device) -> GenerationConfig:
         """`config` with compilation allowed, for the sampler's own static cache."""
@@ -127,10 +210,7 @@ class CompiledSampler:
         config.cache_implementation = None  # the cache is passed in
         config.disable_compile = False  # TRL sets it; transformers compiles the step with a static cache
         if device.type == "cpu":
-            # transformers compiles on CUDA only. On the CPU the same graph capture runs (dynamo, its
-            # guards and recompilations) without code generation: inductor's C++ build takes 35 s for even
-            # the 2-layer test model, and this path exists on the CPU to be tested, not to be fast.
-            config.compile_config = CompileConfig(backend="eager", mode=None)
+            config.compile_config = CompileConfig(backend=CPU_BACKEND, mode=None)
             config.compile_config._compile_all_devices = True  # transformers' switch for compiling on CPU
         return config
 
@@ -142,13 +222,46 @@ class CompiledSampler:
         generation_config: GenerationConfig,
         **kwargs,
     ):
-        """`model.generate` (left-padded prompts, same output layout: prompt then completion) from the
-        folded policy; `kwargs` go to transformers' generate."""
+        """`model.generate` (left-padded prompts, same output layout: prompt then completion) through the
+        compiled step, or TRL's plain path once a compile has failed under `auto`; `kwargs` go to
+        transformers' generate."""
+        if self.failed is None:
+            try:
+                return self.compiled_generate(model, input_ids, attention_mask, generation_config, **kwargs)
+            except Exception as err:  # whatever torch.compile's stack raises on this box
+                reason = one_line_reason(err)
+                if self.asked == "compiled":
+                    raise ConfigError(
+                        f"GRPO_GENERATION=compiled: the compiled sampler failed ({reason}); set "
+                        "GRPO_GENERATION=plain to sample without it"
+                    ) from err
+                self.failed = reason
+                self.caches.clear()  # its memory back: plain sampling has its own cache
+                self.log(f"sampling: compiled sampler failed ({reason}); sampling with plain from here")
+        return plain_generate(model, input_ids, attention_mask, generation_config, **kwargs)
+
+    def compiled_generate(
+        self,
+        model: PreTrainedModel | PeftModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        generation_config: GenerationConfig,
+        **kwargs,
+    ):
         config = self.generation_config(generation_config, input_ids.device)
+        rows = input_ids.shape[0]
+        if self.batch_size is not None and rows < self.batch_size:
+            input_ids, attention_mask = (
+                padded_rows(input_ids, self.batch_size),
+                padded_rows(attention_mask, self.batch_size),
+            )
         shape = (input_ids.shape[0], max(self.max_prompt_length, input_ids.shape[1]) + config.max_new_tokens)
+        if self.calls == 0:
+            self.log("compiling the sampler (once per run)...")
+        self.calls += 1
         graphs = counters["stats"]["unique_graphs"]
         started = time.perf_counter()
-        with folded_lora(model) as policy, hooks_set_aside(policy.get_input_embeddings()), torch.no_grad():
+        with sampling_state(model) as policy, torch.no_grad():
             if shape not in self.caches:
                 self.caches[shape] = StaticCache(config=policy.config, max_cache_len=shape[1])
             cache = self.caches[shape]
@@ -160,16 +273,57 @@ class CompiledSampler:
                 generation_config=config,
                 **kwargs,
             )
+        if input_ids.device.type == "cuda":
+            torch.cuda.synchronize(input_ids.device)
+        seconds = time.perf_counter() - started
         new_graphs = counters["stats"]["unique_graphs"] - graphs
         if new_graphs:
-            seen = shape in self.compiled_shapes
-            what = "recompiled (TORCH_LOGS=recompiles says why)" if seen else "compiled"
-            self.log(
-                f"sampling {what}: {new_graphs} graph(s) for {shape[0]} sequences x {shape[1]} cache "
-                f"positions; this call took {time.perf_counter() - started:.1f} s"
+            self.note_compile(new_graphs, shape, seconds)
+        else:
+            self.note_round(seconds, output.shape[1] - input_ids.shape[1])
+        return output[:rows]
+
+    def note_compile(self, graphs: int, shape: tuple[int, int], seconds: float) -> None:
+        """The first compile is a note; any later one a WARNING, since a run needs one (after 8, dynamo
+        silently falls back to eager for the rest of the run)."""
+        self.compiles += 1
+        self.step_ms, self.slow_warned = [], False  # the new graph's rounds are the new baseline
+        skips = counters["inductor"]["cudagraph_skips"]
+        what = (
+            f"{graphs} graph(s) for {shape[0]} sequences x {shape[1]} cache positions; this call took "
+            f"{seconds:.1f} s; CUDA graphs skipped: {skips}"
+        )
+        if self.compiles == 1:
+            self.log(f"sampling compiled: {what}")
+        else:
+            self.warn(
+                f"WARNING sampling recompiled ({self.compiles} compiles this run; TORCH_LOGS=recompiles says "
+                f"why): {what}"
             )
-            self.compiled_shapes.add(shape)
-        return output
+        self.cudagraph_skips = skips
+
+    def note_round(self, seconds: float, steps: int) -> None:
+        """WARNING once when a round's time per decoding step reaches SLOWDOWN times the median of the first
+        rounds after the compile, or when inductor skipped CUDA graphs since: a silent slowdown otherwise."""
+        skips = counters["inductor"]["cudagraph_skips"]
+        if skips > self.cudagraph_skips:
+            more = skips - self.cudagraph_skips
+            self.warn(f"WARNING sampling: inductor skipped CUDA graphs {more} more time(s) since the compile")
+            self.cudagraph_skips = skips
+        if steps <= 0:
+            return
+        self.step_ms.append(1000 * seconds / steps)
+        if len(self.step_ms) <= BASELINE_ROUNDS or self.slow_warned:
+            return
+        baseline = statistics.median(self.step_ms[:BASELINE_ROUNDS])
+        if self.step_ms[-1] >= SLOWDOWN * baseline:
+            self.slow_warned = True
+            last = self.step_ms[-1]
+            self.warn(
+                f"WARNING sampling: {last:.1f} ms per decoding step, {last / baseline:.1f}x "
+                f"the {baseline:.1f} ms of the first rounds after the compile (CUDA graphs re-recorded? "
+                "TORCH_LOGS=cudagraphs says)"
+            )
 
     def token_logprobs(
         self,
@@ -186,11 +340,36 @@ class CompiledSampler:
         config = copy.deepcopy(generation_config)
         config.max_new_tokens = completion_ids.shape[1]
         config.eos_token_id = None  # an end token inside the forced completion must not stop it
+        rows = completion_ids.shape[0]
+        if self.batch_size is not None and rows < self.batch_size:
+            completion_ids = padded_rows(completion_ids, self.batch_size)
         forced = _ForcedTokens(completion_ids, input_ids.shape[1], config.temperature)
         self.generate(
             model, input_ids, attention_mask, config, logits_processor=LogitsProcessorList([forced])
         )
-        return torch.cat(forced.logprobs, dim=1)
+        return torch.cat(forced.logprobs, dim=1)[:rows]
+
+
+def padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """`tensor` with its last row repeated up to `rows` rows (the extra rows' outputs are dropped)."""
+    return torch.cat([tensor, tensor[-1:].expand(rows - tensor.shape[0], *tensor.shape[1:])])
+
+
+def plain_generate(
+    model: PreTrainedModel | PeftModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    generation_config: GenerationConfig,
+    **kwargs,
+):
+    """The model class's own `generate` (the one the sampler was installed over) with compilation off:
+    TRL's plain sampling, in the sampler's model state."""
+    config = copy.deepcopy(generation_config)
+    config.disable_compile = True
+    with sampling_state(model), torch.no_grad():
+        return type(model).generate(
+            model, input_ids=input_ids, attention_mask=attention_mask, generation_config=config, **kwargs
+        )
 
 
 class _ForcedTokens(LogitsProcessor):
@@ -203,7 +382,8 @@ class _ForcedTokens(LogitsProcessor):
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        token = self.tokens[:, input_ids.shape[1] - self.prompt_length].unsqueeze(1)
+        # The rows of this call: a round's padded rows, or the caller's own after a fallback to plain.
+        token = self.tokens[: scores.shape[0], input_ids.shape[1] - self.prompt_length].unsqueeze(1)
         self.logprobs.append((scores.float() / self.temperature).log_softmax(-1).gather(1, token))
         return torch.full_like(scores, -math.inf).scatter(1, token, 0.0)
 
@@ -218,7 +398,7 @@ class _ForcedTokens(LogitsProcessor):
 ACTIVATION_BYTES = 16
 # Everything but the activations, as a multiple of the weights: the H100 peak with checkpointing was 8.5 GiB
 # for 2.9 GiB of weights, with TRL's sampling. The compiled sampler adds its cache (0.8 GiB at the seed's
-# shapes) and, only while it samples, when no activations are held, a copy of the adapted weights (2.6 GiB).
+# shapes); with the LoRA unmerged it holds no copy of the weights.
 WEIGHT_COPIES = 3
 MEMORY_SHARE = 0.8  # the rest for the allocator's fragmentation, the CUDA context and compiled graphs
 

@@ -7,8 +7,9 @@ settings (4 prompts x 6 completions per step, completions up to 512 tokens, LoRA
 projections). Generation and reward are timed by wrapping the GRPOTrainer methods that do them; the update
 is the rest of TRL's `step_time`. A random model never samples its end-of-sequence token, so every
 completion runs to the length limit: the worst case for generation. For compiled sampling it also checks
-that the base weights came back bit for bit after every step, and, once, the sampler's log-probabilities
-of 24 completions it sampled against the trainer's forward, with the LoRA given a real effect.
+that the base weights after the run are those before its first sampling, bit for bit (the sampler writes
+none), and, once, the sampler's log-probabilities of 24 completions it sampled against the trainer's
+forward, with the LoRA given a real effect. The first-step compile column is `-` for plain sampling.
 
     .venv/bin/python bench/train_step.py     # on a GPU box: plain and compiled, checkpointing on and off
     .venv/bin/python bench/train_step.py --generation compiled --gradient-checkpointing off --steps 20
@@ -36,8 +37,11 @@ from trl import GRPOTrainer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import demo  # noqa: E402
+import prompts  # noqa: E402
 import train  # noqa: E402
 from generation import CompiledSampler  # noqa: E402
+from problems import BUNDLED_PROBLEMS, load_problems  # noqa: E402
 
 # Qwen/Qwen2.5-Coder-1.5B-Instruct's config.json, less the token ids (the tokenizer's are used).
 QWEN_CODER_1_5B = {
@@ -67,7 +71,7 @@ SEED_SETTINGS = [
 def build_random_qwen(path: Path) -> Path:
     """Qwen2.5-Coder-1.5B's architecture with random bf16 weights and the demo's tokenizer (its 2,048
     tokens are a subset of the model's 151,936 ids; ids beyond them decode to nothing)."""
-    tokenizer = AutoTokenizer.from_pretrained(train.build_tiny_model(path.parent / "tiny-model"))
+    tokenizer = AutoTokenizer.from_pretrained(demo.build_tiny_model(path.parent / "tiny-model"))
     config = Qwen2Config(
         **QWEN_CODER_1_5B,
         bos_token_id=None,
@@ -120,9 +124,12 @@ def device_name() -> str:
     return f"CPU, torch threads: {torch.get_num_threads()}"
 
 
-def step_table(metrics: list[dict], generation: dict[int, float], reward: dict[int, float]) -> dict:
+def step_table(
+    metrics: list[dict], generation: dict[int, float], reward: dict[int, float], compiled: bool
+) -> dict:
     """Means over the steps after the first (a warm-up), from metrics.jsonl rows and the method timings; the
-    compile column is how much longer the first step's generation took than the mean of the others."""
+    compile column is how much longer the first step's generation took than the mean of the others, for
+    compiled sampling (`-` for the others, which compile nothing: there the difference is only noise)."""
     steps = [m for m in metrics if "step_time" in m]
     timed_steps = steps[1:]
     step_time = [m["step_time"] for m in timed_steps]
@@ -138,7 +145,7 @@ def step_table(metrics: list[dict], generation: dict[int, float], reward: dict[i
         "completions/s": BATCH * GENERATIONS * len(timed_steps) / sum(step_time),
         "completion tokens": statistics.mean(m["completions/mean_length"] for m in timed_steps),
         "peak memory GiB": peak_memory_gib(),
-        "first-step compile s": generation[steps[0]["step"]] - statistics.mean(gen),
+        "first-step compile s": generation[steps[0]["step"]] - statistics.mean(gen) if compiled else "-",
     }
 
 
@@ -170,7 +177,8 @@ def timed_run(flags: list[str], out: Path) -> tuple[dict, GRPOTrainer, bool]:
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     after = base_weights(first["trainer"].model)
     unchanged = all(torch.equal(first["weights"][n], after[n]) for n in after)
-    return step_table(metrics, generation, reward), first["trainer"], unchanged
+    compiled = flags[flags.index("--generation") + 1] == "compiled"
+    return step_table(metrics, generation, reward, compiled), first["trainer"], unchanged
 
 
 def give_lora_an_effect(model: torch.nn.Module, std: float, seed: int = 0) -> None:
@@ -208,7 +216,7 @@ def prompt_batch(tokenizer, problems: list[dict]) -> tuple[torch.Tensor, torch.T
     """The problems' training prompts as TRL batches them: token ids and attention mask, left-padded."""
     texts = [
         tokenizer.apply_chat_template(
-            train.build_prompt_messages(p["problem"]), tokenize=False, add_generation_prompt=True
+            prompts.build_prompt_messages(p["problem"]), tokenize=False, add_generation_prompt=True
         )
         for p in problems
     ]
@@ -222,7 +230,7 @@ def sampler_agreement(trainer: GRPOTrainer) -> tuple[float, int, float]:
     random weights')."""
     model, tokenizer = trainer.model, trainer.processing_class
     give_lora_an_effect(model, std=0.01)
-    problems = train.load_problems(str(train.BUNDLED_PROBLEMS))[:BATCH]
+    problems = load_problems(str(BUNDLED_PROBLEMS))[:BATCH]
     ids, mask = prompt_batch(tokenizer, [p for p in problems for _ in range(GENERATIONS)])
     ids, mask = ids.to(model.device), mask.to(model.device)
     sampler = CompiledSampler(MAX_PROMPT)
@@ -281,11 +289,14 @@ def main() -> int:
         # A cold compiler cache, so the first compiled run's compile time is a first run's; later runs in
         # this process reuse it, as a second training run on the same machine would.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor-cache")
-        build = train.build_tiny_model if args.tiny else build_random_qwen
+        build = demo.build_tiny_model if args.tiny else build_random_qwen
         model_dir = build(Path(tmp) / "model")
         flags = [
-            *("--model-id", str(model_dir), "--training-dataset", str(train.BUNDLED_PROBLEMS)),
+            *("--model-id", str(model_dir), "--training-dataset", str(BUNDLED_PROBLEMS)),
             *("--max-steps", str(steps), "--save-steps", str(steps + 1), "--eval-steps", "none"),
+            # No tracker: its logging is not the step's cost, and TRL's profiling of the sampler check
+            # after the run would log to a tracker already finished.
+            *("--report-to", "none"),
             *SEED_SETTINGS,
         ]
         for generation in args.generation:

@@ -1,0 +1,100 @@
+"""`python train.py --check` (preflight.py) on this CPU box, with the demo's tiny model: the real toolchain,
+sandbox, reward, datasets, tokenizer and sampler; one line per check; a FAIL naming the setting to change."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import preflight
+import train
+from problems import BUNDLED_PROBLEMS, ROOT
+
+STATUSES = ("ok    ", "FAIL  ", "skip  ")
+
+
+def check_lines(out: str) -> dict[str, str]:
+    """{check name: its line} of the report, after asserting every line's form."""
+    *lines, verdict = out.strip().splitlines()
+    assert all(line.startswith(STATUSES) for line in lines), out
+    assert verdict.startswith(("all checks passed in ", "1 check(s) failed", "2 check(s) failed")), out
+    return {line[6:].split(":")[0]: line for line in lines}
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_check_passes_on_this_box(tiny_model: Path, tmp_path: Path, capsys) -> None:
+    flags = ["--check", "--model-id", str(tiny_model), "--training-dataset", str(BUNDLED_PROBLEMS)]
+    assert train.main([*flags, "--output-dir", str(tmp_path / "out")], environ={}) == 0
+    lines = check_lines(capsys.readouterr().out)
+    assert list(lines) == [
+        "toolchain",
+        "sandbox",
+        "reward",
+        "training data",
+        "held-out data",
+        "device",
+        "model",
+        "sampler",
+        "output",
+    ]
+    assert lines["toolchain"].startswith("ok    toolchain: ocamlc 4.")
+    assert (
+        lines["sandbox"] == "ok    sandbox: bubblewrap runs; a write outside the sandbox's folder is refused"
+    )
+    assert lines["reward"].startswith("ok    reward: the worked example scores 1.0 in the sandbox")
+    assert lines["training data"].startswith(
+        f"ok    training data: TRAINING_DATASET={BUNDLED_PROBLEMS}: 50 usable problems; 0 prompts over "
+        "GRPO_MAX_PROMPT=704 tokens"
+    )
+    assert lines["device"].startswith("skip  device: no CUDA device for torch")  # this box has no GPU
+    assert "sampling plain (auto: no CUDA device)" in lines["model"]
+    assert lines["sampler"].startswith("ok    sampler: compiled against plain on a 2-layer random qwen2")
+    assert lines["output"] == f"ok    output: {tmp_path / 'out'}: writable, no earlier run's checkpoints"
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_an_unusable_dataset_and_an_earlier_run_fail_naming_what_to_change(
+    tiny_model: Path, tmp_path: Path, capsys
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"id": "a", "prompt": "no signature here", "tests": "let () = ()"}\n'
+        '{"id": "b", "prompt": "(** x *)\\nlet f (x : int) : int =", "tests": ""}\n',
+        encoding="utf-8",
+    )
+    (tmp_path / "out" / "checkpoint-3").mkdir(parents=True)
+    flags = ["--check", "--model-id", str(tiny_model), "--training-dataset", str(bad), "--eval-steps", "none"]
+    assert train.main([*flags, "--output-dir", str(tmp_path / "out")], environ={}) == 1
+    lines = check_lines(capsys.readouterr().out)
+    assert lines["training data"].startswith(
+        f"FAIL  training data: TRAINING_DATASET={str(bad)!r}: no usable problem (2 rows dropped"
+    )
+    assert lines["output"].startswith(
+        f"FAIL  output: GRPO_OUTPUT_DIR={str(tmp_path / 'out')!r} holds checkpoint-3 of an earlier run: pass "
+        "--resume"
+    )
+    assert "held-out data" not in lines  # no held-out evaluation in this run
+    assert lines["toolchain"].startswith("ok")
+
+
+def test_make_check_runs_it() -> None:
+    make = subprocess.run(["make", "-n", "check"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert ".venv/bin/python train.py --check" in make.stdout.splitlines()
+
+
+def test_the_model_line_estimates_the_seed_model_from_its_config_alone(tmp_path: Path) -> None:
+    from transformers import Qwen2Config
+
+    from bench.train_step import QWEN_CODER_1_5B
+    from settings import TrainConfig
+
+    Qwen2Config(**QWEN_CODER_1_5B, dtype="bfloat16").save_pretrained(tmp_path)  # the config, no weights
+    cfg = TrainConfig(model_id=str(tmp_path), generation="plain")
+    line = preflight.check_model(cfg, {"generation": "flag"}, {})
+    # 1.54B parameters in bf16; one round's static cache at the seed's shapes: 24 x (704 + 512) positions.
+    assert line.startswith(
+        f"{tmp_path}: 1.54B parameters, 2.9 GiB of weights; estimated peak 3.7 GiB sampling"
+    )
+    # At the budgets (704 + 512 tokens); the H100 measured 24.7 and 8.5 GiB at the bench's 450 + 512.
+    assert "update 29.9 GiB without gradient checkpointing and 9.4 GiB with it" in line
+    assert line.endswith("sampling plain (as set)")
