@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := ocaml-nox ocaml-findlib bubblewrap
 
-.PHONY: install ocaml demo test lint bench
+.PHONY: install ocaml browser demo test lint bench dashboard check
 
 install: ocaml $(VENV)/.installed
 
@@ -26,12 +26,34 @@ ocaml:
 		exit 1; \
 	fi
 
+# Headless Chromium, for the test that loads the dashboard in a real browser (tests/test_dashboard.py).
+browser:
+	@if command -v chromium >/dev/null; then \
+		exit 0; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing chromium with apt-get"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+		echo "Chromium is missing (the dashboard's test needs it). Install it, then run make again:"; \
+		echo "  sudo apt-get update && sudo apt-get install -y chromium"; \
+		exit 1; \
+	fi
+
 demo: install
 	$(PY) train.py --demo
 
+# The preflight on a new box: toolchain, sandbox, data, device, model, sampler, output folder (docs/speed.md).
+check: install
+	$(PY) train.py --check
+
 # pytest exits 5 when it collected no test; make treats that as the failure it is.
-test: install
+test: install browser
 	$(PY) -m pytest
+
+# trackio's dashboard of every run under RUN, on 127.0.0.1; Ctrl-C stops it.
+RUN ?= grpo_runs
+dashboard: install
+	$(PY) analyze.py --dashboard $(RUN)
 
 lint: install
 	$(PY) -m ruff check .
