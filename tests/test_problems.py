@@ -190,3 +190,54 @@ def test_plausible_wrong_answer_fails(problem_id: str, tmp_path: Path) -> None:
     assert compiled, f"wrong answer does not compile:\n{output}"
     assert code != 0, "the tests accept a wrong answer"
     assert "Assert_failure" in output, f"the wrong answer fails by an exception, not an assert:\n{output}"
+
+
+# data/demo_heldout.jsonl: the demo's generalisation check, a dozen unseen problems of the demo's own kinds
+# (the skills of data/demo_problems.jsonl, new names, constants and wording). Each with a plausible wrong
+# answer, in the style of data/demo_sft.jsonl's, that its tests must reject.
+DEMO_HELDOUT, DEMO_TRAINING = "demo_heldout.jsonl", ("demo_problems.jsonl", "demo_sft.jsonl")
+DEMO_HELDOUT_MUTANTS: dict[str, tuple[str, str]] = {
+    "plus_two": ("k + 2", "k - 2"),
+    "square_area": ("side * side", "side + side"),
+    "is_odd": ("m mod 2 <> 0", "m mod 2 = 0"),
+    "smaller": ("if x < y", "if x > y"),
+    "count_words": ("List.length words", "List.length words - 1"),
+    "product": ("List.fold_left ( * ) 1 ys", "List.fold_left ( + ) 0 ys"),
+    "flip": ("List.rev ws", "ws"),
+    "whisper": ("String.lowercase_ascii s", "String.uppercase_ascii s"),
+    "tripled": ("fun x -> 3 * x", "fun x -> x + 3"),
+    "gap": ("abs (x - y)", "x - y"),
+    "farewell": ('"Goodbye, " ^ who ^ "."', '"Goodbye " ^ who'),
+    "negatives": ("x < 0", "x > 0"),
+}
+DEMO_HELDOUT_BY_ID = {p["id"]: p for p in load_problems(DEMO_HELDOUT)}
+
+
+def test_demo_heldout_is_a_dozen_unseen_problems_of_the_demos_kinds() -> None:
+    problems = list(DEMO_HELDOUT_BY_ID.values())
+    assert len(problems) == 12 and set(DEMO_HELDOUT_MUTANTS) == set(DEMO_HELDOUT_BY_ID)
+    demo_rows = [row for name in DEMO_TRAINING for row in load_problems(name)]
+    demo_names = {signature_name(row) for row in demo_rows}
+    for p in problems:
+        assert all(isinstance(p.get(field), str) and p[field] for field in FIELDS), p.get("id")
+        assert p["difficulty"] == "easy" and signature_name(p) not in demo_names, p["id"]
+        asserts = [line for line in p["tests"].splitlines() if line.strip().startswith("assert (")]
+        assert len(asserts) >= 4 and signature_name(p) in asserts[0], p["id"]
+    assert not {p["prompt"] for p in problems} & {row["prompt"] for row in demo_rows}
+
+
+@pytest.mark.parametrize("problem_id", DEMO_HELDOUT_MUTANTS)
+def test_demo_heldout_reference_passes_and_plausible_wrong_answer_fails(
+    problem_id: str, tmp_path: Path
+) -> None:
+    problem = DEMO_HELDOUT_BY_ID[problem_id]
+    compiled, code, output = compile_and_run(
+        problem["prompt"], problem["solution"], problem["tests"], tmp_path
+    )
+    assert compiled and code == 0 and output == "", f"the reference solution fails:\n{output}"
+    old, new = DEMO_HELDOUT_MUTANTS[problem_id]
+    assert problem["solution"].count(old) == 1, f"the mutated text {old!r} is not once in the solution"
+    wrong = problem["solution"].replace(old, new)
+    compiled, code, output = compile_and_run(problem["prompt"], wrong, problem["tests"], tmp_path)
+    assert compiled, f"wrong answer does not compile:\n{output}"
+    assert code != 0 and "Assert_failure" in output, f"the tests accept a wrong answer:\n{output}"
