@@ -6,7 +6,8 @@ checklist and the stop criteria. With held-out evaluations it adds their table a
 with the reward logs, where completions fail, the most common compiler errors and examples. Each step counts
 once: after --resume the later lines win, and the report says where the run was resumed. It prints the
 Markdown, writes RUN/analysis.md and saves PNG plots beside it. The thresholds live in monitor.py, shared
-with the live monitor.
+with the live monitor. `python analyze.py --dashboard RUN` serves trackio's live dashboard of the runs under
+RUN instead (dashboard.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+import dashboard
 import monitor
 from monitor import EVAL_PASS, EVAL_REWARD, Check, Criterion, Knobs, Row, Rows
 from rewards import STAGES
@@ -40,7 +42,8 @@ LOG_NAMES = {
     "reward": ("reward", "reward_std"),
     "syntax_rew": ("rewards/syntax_aware_reward/mean", "rewards/syntax_aware_reward/std"),
     "entropy": ("entropy",),
-    "frac_zero_std": ("frac_reward_zero_std",),
+    "frac_zero_std": ("frac_reward_zero_std",),  # with dynamic sampling, of the sampled groups
+    "kept": ("dynamic/groups_trained", "dynamic/groups_sampled"),  # `kept=K/N`, dynamic sampling's
 }
 # The `[Eval ...]` line's names -> metrics.jsonl's eval row keys.
 EVAL_NAMES = {
@@ -63,7 +66,7 @@ def metrics_of(match: re.Match[str], names: dict[str, tuple[str, ...]]) -> dict[
         row = {"epoch": float(match["epoch"])}
         for name, raw in PAIR.findall(match["pairs"]):
             # Pasted logs may show "±" decoded as Latin-1, i.e. "Â±".
-            parts = raw.replace("Â±", "±").split("±")
+            parts = re.split("[±/]", raw.replace("Â±", "±"))
             for key, part in zip(names.get(name, ()), parts, strict=False):
                 value = float(part)
                 if math.isfinite(value):  # train.py prints a metric TRL did not log as nan
@@ -303,7 +306,7 @@ def ranges_table(history: Sequence[Row], checks: dict[str, Check]) -> list[str]:
             _assess(pick("reward_level")),
         ),
         ("Reward (std)", "reward_std", "< 30% of mean", _assess(pick("reward_cv"))),
-        ("frac_zero_std", "frac_reward_zero_std", "< 0.10", _assess(pick("frac_zero_std"))),
+        ("frac_zero_std", monitor.zero_std_key(history), "< 0.10", _assess(pick("frac_zero_std"))),
         ("Clipped completions", "completions/clipped_ratio", "< 0.10", _assess(pick("clipped"))),
     ]
     lines = ["| Metric | Range | Expected | Assessment (last steps) |", "|---|---|---|---|"]
@@ -465,6 +468,37 @@ def eval_section(evals: Sequence[Row], memorising: Check) -> list[str]:
     return [*lines, ""]
 
 
+def dynamic_sampling_section(history: Sequence[Row]) -> list[str]:
+    """What GRPO_DYNAMIC_SAMPLING=filter cost: groups sampled per group trained, extra rounds, short steps."""
+    steps = [r for r in history if "dynamic/groups_sampled" in r]
+    if not steps:
+        return []
+    sampled = sum(r["dynamic/groups_sampled"] for r in steps)
+    trained = sum(r.get("dynamic/groups_trained", 0.0) for r in steps)
+    tied = monitor.mean_of(steps, monitor.SAMPLED_ZERO_STD) or monitor.mean_of(steps, "frac_reward_zero_std")
+    lines = [
+        "## Dynamic sampling",
+        "",
+        f"Tied groups filtered out over {len(steps)} steps: {sampled:.0f} groups sampled, {trained:.0f} "
+        f"trained ({trained / sampled:.0%}); on average {_fmt(tied)} of a step's sampled groups tied "
+        "(frac_zero_std).",
+    ]
+    if all("dynamic/extra_rounds" in r for r in steps):  # metrics.jsonl has them, learning.log does not
+        rounds = [r["dynamic/extra_rounds"] + 1 for r in steps]
+        short = sum(
+            r.get("dynamic/groups_trained", 0.0) < r["dynamic/groups_sampled"] / n
+            for r, n in zip(steps, rounds, strict=True)
+        )
+        empty = sum(r.get("dynamic/groups_trained", 0.0) == 0 for r in steps)
+        per_group = f"{sampled / trained:.2f}" if trained else "every sampled group, for none"
+        lines.append(
+            f"The filter sampled {sum(rounds) / len(rounds):.2f} rounds a step (`off` samples one), "
+            f"{per_group} groups per group trained; {short} steps trained fewer groups than a round holds, "
+            f"{empty} of them none."
+        )
+    return [*lines, ""]
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
@@ -535,6 +569,7 @@ def analyze(run: Run) -> Analysis:
         lines += actions_section(bad, decision)
         lines += milestone_section(history, checks, pass_share)
         lines += stop_section(history, criteria)
+    lines += dynamic_sampling_section(history)
     if run.evals:
         lines += eval_section(run.evals, memorising)
     if run.breakdown:
@@ -611,7 +646,7 @@ def save_plots(run: Run, folder: Path) -> list[Path]:
         ax.legend()
         save(fig, "analysis_eval.png")
     for key, name, low, high in (
-        ("frac_reward_zero_std", "frac_zero_std", None, monitor.FRAC_ZERO_STD_MAX),
+        (monitor.zero_std_key(history), "frac_zero_std", None, monitor.FRAC_ZERO_STD_MAX),
         ("entropy", "entropy", *monitor.ENTROPY_BAND),
     ):
         if any(key in r for r in history):
@@ -636,6 +671,7 @@ def write_report(run: Run) -> tuple[Analysis, list[Path]]:
     plots = save_plots(run, run.folder)
     if plots:
         result.markdown += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    result.markdown += f"\n## Dashboard\n\n{dashboard.report_line(run.folder)}\n"
     (run.folder / "analysis.md").write_text(result.markdown, encoding="utf-8")
     return result, plots
 
@@ -643,9 +679,23 @@ def write_report(run: Run) -> tuple[Analysis, list[Path]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "run", type=Path, help="a run folder (with learning.log or metrics.jsonl) or a learning.log"
+        "run",
+        type=Path,
+        nargs="?",
+        help="a run folder (with learning.log or metrics.jsonl) or a learning.log",
     )
+    parser.add_argument(
+        "--dashboard",
+        type=Path,
+        metavar="RUN",
+        help="serve trackio's dashboard of the runs under RUN (e.g. grpo_runs) on 127.0.0.1; Ctrl-C stops it",
+    )
+    parser.add_argument("--port", type=int, help="--dashboard's port (default: the first free one from 7860)")
     args = parser.parse_args(argv)
+    if args.dashboard:
+        return dashboard.serve(args.dashboard, args.port)
+    if args.run is None:
+        parser.error("give a run folder, or --dashboard RUN")
     if not args.run.exists():
         parser.error(f"{args.run} does not exist")
     result, _ = write_report(load_run(args.run))

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from problems import BUNDLED_PROBLEMS, DEMO_PROBLEMS, DEMO_SFT, HELDOUT_PROBLEMS
+from problems import BUNDLED_PROBLEMS, DEMO_HELDOUT, DEMO_PROBLEMS, DEMO_SFT
 from prompts import FEW_SHOT, SYSTEM_PROMPT
 from run_records import latest_checkpoint
 
@@ -40,11 +40,11 @@ DEMO_SETTINGS = {
     "GRPO_TEMPERATURE": "0.5",
     "GRPO_SAVE_STEPS": "20",
     "GRPO_SAVE_TOTAL_LIMIT": "2",
-    "GRPO_EVAL_DATASET": str(HELDOUT_PROBLEMS),
+    "GRPO_EVAL_DATASET": str(DEMO_HELDOUT),
     "GRPO_EVAL_HOLDOUT": "0",
     "GRPO_EVAL_STEPS": "20",
     "GRPO_GENERATION": "plain",
-    "GRPO_REPORT_TO": "none",
+    "GRPO_REPORT_TO": "trackio",
     "LORA_R": "16",
     "LORA_ALPHA": "32",
 }
@@ -139,6 +139,8 @@ def print_summary(out: Path, adapter_dir: Path, seconds: float) -> None:
         (f"{adapter_dir.name}/", "the LoRA adapter in PEFT format, with its model card"),
         ("analysis.md", "the run report (python analyze.py " + str(out) + ")"),
     ]
+    if (out / "trackio").is_dir():
+        outputs.append(("trackio/", f"the dashboard's data: python analyze.py --dashboard {out}"))
     print(f"\nDemo finished in {seconds:.0f} s. Outputs in {out.resolve()}/:")
     for name, what in outputs:
         print(f"  {name:<16} {what}")

@@ -1,20 +1,24 @@
 """Held-out evaluation: pass@1, pass@k and reward of models or LoRA adapters under the training reward.
 
     python evaluate.py MODEL_OR_ADAPTER [MODEL_OR_ADAPTER ...] [--problems FILE_OR_ID] [-n N] [-k 4]
+    python evaluate.py MODEL --problems nuprl/MultiPL-E:humaneval-ml --protocol multipl-e
     python evaluate.py --compare A.jsonl B.jsonl
 
-Every model samples k completions for each problem with the training prompt and the sampling settings
-train.py reads (GRPO_TEMPERATURE, GRPO_MAX_COMPLETION, MIN_NON_EMPTY_LINES... from the environment), on the
-same problems and from the same random stream. The training reward scores every completion; a completion
-succeeds when it passes every test. The script prints a summary and a per-difficulty table, and writes
-every sample with its breakdown (OUT_DIR/eval_<label>.jsonl) and a markdown report (OUT_DIR/eval_report.md).
-`--compare` lists the problems two such JSONL files disagree on. The library functions
-(`sample_completions`, `score_samples`, `summarize`) also serve the trainer's in-training evaluation.
+Every model samples k completions for each problem with the training prompt and the sampling settings train.py
+reads (GRPO_TEMPERATURE, GRPO_MAX_COMPLETION, MIN_NON_EMPTY_LINES... from the environment), on the same
+problems and from the same random stream (`--protocol multipl-e`: MultiPL-E's own sampling instead). Problems
+whose tests are broken are left out first (problem_check.py). The training reward scores every completion; a
+completion succeeds when it passes every test, whatever the line gate says. The script prints a summary and a
+per-difficulty table, and writes every sample with its breakdown (OUT_DIR/eval_<label>.jsonl) and a markdown
+report (OUT_DIR/eval_report.md). `--compare` lists the problems two such JSONL files disagree on. The library
+functions (`sample_completions`, `score_samples`, `summarize`) also serve the trainer's in-training
+evaluation.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -23,15 +27,17 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import config
 from config import ConfigError
+from multipl_e import MULTIPL_E, sample_continuations
 from ocaml_sandbox import ToolchainMissing, check_toolchain
+from problem_check import leave_out_broken
 from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_problem
 from prompts import build_prompt_messages
-from rewards import STAGES, RewardConfig, score_batch
+from rewards import STAGES, RewardConfig, reference_program, score_batch
 from run_records import eval_row, quiet_libraries
 from settings import TrainConfig, looks_local
 
@@ -158,27 +164,48 @@ def score_samples(samples: Sequence[dict], problems: Sequence[dict], cfg: Reward
     # The curriculum's last phase, its target weights: scores compare across runs and steps, whatever epoch
     # a run reached (without the curriculum, the REWARD_WEIGHT_* settings).
     scores = score_batch(items, cfg, epoch=math.inf)
+    # A pass is correctness: the code passes every test, whatever the training-only line gate says (the END
+    # marker never decides a stage). Jobs the reward already ran come back from the pool's cache.
+    ungated = score_batch(items, dataclasses.replace(cfg, min_non_empty_lines=0), epoch=math.inf)
     return [
         {
             "problem_id": s["problem_id"],
             "difficulty": by_id[s["problem_id"]]["difficulty"],
             **{key: s[key] for key in ("sample", "completion", "truncated", "length")},
+            "passed": correct["stage"] == "passed",
             **{key: value for key, value in score.items() if key not in ("problem_id", "preview")},
         }
-        for s, score in zip(samples, scores, strict=True)
+        for s, score, correct in zip(samples, scores, ungated, strict=True)
     ]
 
 
 def evaluate_model(
-    model, tokenizer, problems: Sequence[dict], cfg: TrainConfig, *, k: int, batch_size: int, seed: int
+    model,
+    tokenizer,
+    problems: Sequence[dict],
+    cfg: TrainConfig,
+    *,
+    k: int,
+    batch_size: int,
+    seed: int,
+    protocol: str = "chat",
 ) -> list[dict]:
-    """Scored samples of one model, with the run's sampling and reward settings."""
-    samples = sample_completions(model, tokenizer, problems, cfg, k=k, batch_size=batch_size, seed=seed)
+    """Scored samples of one model, with the run's sampling and reward settings; with the `multipl-e`
+    protocol, sampled as MultiPL-E samples (multipl_e.py) and scored by the same reward."""
+    if protocol == "multipl-e":
+        samples = sample_continuations(model, tokenizer, problems, k=k, batch_size=batch_size, seed=seed)
+    else:
+        samples = sample_completions(model, tokenizer, problems, cfg, k=k, batch_size=batch_size, seed=seed)
     return score_samples(samples, problems, cfg)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Summaries
+
+
+def passed(row: Mapping) -> bool:
+    """Whether a sample passed every test (older eval files hold only the reward's stage)."""
+    return bool(row.get("passed", row["stage"] == "passed"))
 
 
 def problem_results(rows: Sequence[dict]) -> dict[str, dict]:
@@ -190,8 +217,8 @@ def problem_results(rows: Sequence[dict]) -> dict[str, dict]:
         problem_id: {
             "difficulty": str(group[0].get("difficulty", "unknown")),
             "samples": len(group),
-            "passed": sum(r["stage"] == "passed" for r in group),
-            "pass_rate": sum(r["stage"] == "passed" for r in group) / len(group),
+            "passed": sum(passed(r) for r in group),
+            "pass_rate": sum(passed(r) for r in group) / len(group),
             "mean_reward": statistics.fmean(r["total_reward"] for r in group),
         }
         for problem_id, group in grouped.items()
@@ -246,6 +273,8 @@ def split_held_out(
         if cfg.eval_dataset
         else []
     )
+    if held:
+        held, _ = leave_out_broken(held, cfg, reference_program, note)
     if cfg.eval_holdout:
         if cfg.eval_holdout >= len(problems):
             raise ConfigError(
@@ -541,14 +570,24 @@ def run_evaluation(args: argparse.Namespace) -> None:
         raise ConfigError(f"{HELDOUT_PROBLEMS}: no held-out problems file; pass --problems FILE_OR_ID")
     if looks_local(source) and not Path(source).expanduser().exists():
         raise ConfigError(f"--problems {source}: no such file or folder")
-    problems = pick_problems(load_problems(source, setting_name="--problems"), args.n, args.seed)
+    check_toolchain()
+    problems, _ = leave_out_broken(load_problems(source, setting_name="--problems"), cfg, reference_program)
+    problems = pick_problems(problems, args.n, args.seed)
     if not problems:
         raise ConfigError(f"{source}: no usable problems")
-    check_toolchain()
+    if args.protocol == "multipl-e":
+        args.k = args.k or MULTIPL_E.samples
+        sampling = (
+            f"MultiPL-E's protocol: raw prompt, temperature {MULTIPL_E.temperature}, top-p "
+            f"{MULTIPL_E.top_p}, up to {MULTIPL_E.max_new_tokens} new tokens, its stop sequences"
+        )
+    else:
+        args.k = args.k or 4
+        sampling = f"temperature {cfg.temperature}, up to {cfg.max_completion_length} new tokens"
     header = (
-        f"{len(problems)} problems from {source} x {args.k} samples (seed {args.seed}), temperature "
-        f"{cfg.temperature}, up to {cfg.max_completion_length} new tokens, MIN_NON_EMPTY_LINES="
-        f"{cfg.min_non_empty_lines}, {args.batch_size} completions per generate call"
+        f"{len(problems)} problems from {source} x {args.k} samples (seed {args.seed}), {sampling}, "
+        f"MIN_NON_EMPTY_LINES={cfg.min_non_empty_lines} (reward only), {args.batch_size} completions per "
+        "generate call"
     )
     print(header)
     out_dir = Path(args.out_dir or cfg.output_dir)
@@ -557,7 +596,14 @@ def run_evaluation(args: argparse.Namespace) -> None:
         started = time.monotonic()
         model, tokenizer = load_model(spec, args.base)
         rows = evaluate_model(
-            model, tokenizer, problems, cfg, k=args.k, batch_size=args.batch_size, seed=args.seed
+            model,
+            tokenizer,
+            problems,
+            cfg,
+            k=args.k,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            protocol=args.protocol,
         )
         del model  # one model in memory at a time
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -581,7 +627,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base", help="base model for the adapters (default: each adapter's own)")
     parser.add_argument("--problems", help=f"problems file or dataset id (default: {HELDOUT_PROBLEMS.name})")
     parser.add_argument("-n", type=int, help="evaluate n problems drawn by the seed (default: all)")
-    parser.add_argument("-k", type=int, default=4, help="completions sampled per problem (default 4)")
+    parser.add_argument(
+        "-k", type=int, help="completions sampled per problem (default 4; 20 with --protocol multipl-e)"
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=("chat", "multipl-e"),
+        default="chat",
+        help="chat: the training prompt and sampling (default); multipl-e: MultiPL-E's own, for numbers "
+        "comparable with published ones",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling (and the draw of -n)")
     parser.add_argument(
         "--batch-size",
@@ -605,7 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.models) == bool(args.compare):
         parser.error("give one or more models, or --compare A.jsonl B.jsonl")
-    if min(args.n or 1, args.k, args.batch_size) < 1:
+    if min(args.n or 1, args.k or 1, args.batch_size) < 1:
         parser.error("-n, -k and --batch-size must be at least 1")
     try:
         if args.compare:

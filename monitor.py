@@ -252,13 +252,25 @@ def diversity_advice(history: Sequence[Row], knobs: Knobs) -> tuple[str, str]:
     return (knobs.hotter(), "more diverse samples within each group")
 
 
+def zero_std_key(rows: Sequence[Row]) -> str:
+    """The metric that holds the seed's frac_zero_std, the share of sampled groups that tied: with dynamic
+    sampling filtering, TRL's frac_reward_zero_std counts only the groups that trained (none tie), and
+    `dynamic/frac_zero_std_sampled` counts every group sampled."""
+    return SAMPLED_ZERO_STD if any(SAMPLED_ZERO_STD in r for r in rows) else "frac_reward_zero_std"
+
+
+SAMPLED_ZERO_STD = "dynamic/frac_zero_std_sampled"
+
+
 def stuck_groups(rows: Sequence[Row]) -> float | None:
-    """Mean frac_zero_std less the groups whose completions tie because every one passes (`groups/solved`,
-    logged by the reward): a solved problem gives no signal either, but it is the goal, not a collapse."""
+    """Mean frac_zero_std (of the sampled groups) less the groups whose completions tie because every one
+    passes (`groups/solved`, logged by the reward): a solved problem gives no signal either, but it is the
+    goal, not a collapse."""
+    key = zero_std_key(rows)
     values = [
-        float(r["frac_reward_zero_std"]) - float(r.get("groups/solved", 0.0))
+        float(r[key]) - float(r.get("groups/solved", 0.0))
         for r in rows
-        if "frac_reward_zero_std" in r and math.isfinite(float(r["frac_reward_zero_std"]))
+        if key in r and math.isfinite(float(r[key]))
     ]
     return sum(values) / len(values) if values else None
 

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config import ConfigError
+from multipl_e import choose_split, split_source
 
 ROOT = Path(__file__).resolve().parent
 BUNDLED_PROBLEMS = ROOT / "data" / "problems.jsonl"
 DEMO_PROBLEMS = ROOT / "data" / "demo_problems.jsonl"
 DEMO_SFT = ROOT / "data" / "demo_sft.jsonl"
+DEMO_HELDOUT = ROOT / "data" / "demo_heldout.jsonl"  # a dozen unseen problems of the demo's kinds
 HELDOUT_PROBLEMS = ROOT / "data" / "heldout.jsonl"
 
 IDENT = r"[a-z_][A-Za-z0-9_']*"
@@ -102,8 +104,10 @@ def usable_problems(
     CLI matches completions to problems by id), where the others call it "row N"."""
     problems, seen = [], set()
     for index, row in enumerate(rows):
-        has_id = row.get("id") not in (None, "")
-        problem_id = str(row["id"]) if has_id else f"row {index}"
+        # MultiPL-E names its problems in `name` (multipl_e.py).
+        row_id = row.get("id") if row.get("id") not in (None, "") else row.get("name")
+        has_id = row_id not in (None, "")
+        problem_id = str(row_id) if has_id else f"row {index}"
         try:
             if need_id and not has_id:
                 raise ValueError("no id")
@@ -156,8 +160,10 @@ def load_problems(
                     f"{setting_name}={source!r}: expected a .jsonl, .json, .csv or .parquet file"
                 )
             rows = datasets.load_dataset(builder, data_files=str(path), split="train")
-        else:
-            rows = datasets.load_dataset(str(path) if path.is_dir() else source, split="train")
+        else:  # a folder or a hub id, which may name a config and a split: nuprl/MultiPL-E:humaneval-ml
+            dataset, name, split = split_source(str(path) if path.is_dir() else source)
+            splits = datasets.load_dataset(dataset, name)
+            rows = splits[choose_split(list(splits), split, source)]
     except ConfigError:
         raise
     except Exception as err:  # datasets raises many types; the cause is what the user needs

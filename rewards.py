@@ -11,6 +11,7 @@ follow three phases by epoch. The toolchain work runs in ocaml_sandbox's worker 
 callable is async and a batch is scored concurrently.
 
     python rewards.py score PROBLEMS COMPLETIONS    # one JSON object per completion (no torch needed)
+    python rewards.py check PROBLEMS                # each broken problem (problem_check.py), N of M usable
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from typing import Any
 
 import config
 from config import ConfigError, setting
-from ocaml_sandbox import Job, Limits, Outcome, SandboxPool
+from multipl_e import repair_problems
+from ocaml_sandbox import Job, Limits, Outcome, SandboxPool, first_failure
+from problem_check import check_source
 from problems import TYPE_NAME, Problem, load_rows, parse_problem, usable_problems
 
 END_MARKER = "(* END *)"
@@ -133,6 +136,12 @@ class RewardConfig:
     )
     ocaml_memory_mb: int = setting(
         1024, "OCAML_MEMORY_MB", "address-space limit of a test program (MiB)", low=64
+    )
+    repair_problems: bool = setting(
+        False,
+        "REPAIR_PROBLEMS",
+        "repair MultiPL-E's known rendering bugs in tests ((~N), .N floats), each counted; off keeps "
+        "scores comparable with published ones",
     )
 
     def __post_init__(self) -> None:
@@ -288,6 +297,11 @@ def assemble_solution(problem: Problem, completion_code: str) -> str:
     return f"{signature}\n{code}"
 
 
+def reference_program(problem: Problem, solution: str) -> str:
+    """A row's reference solution as the program the reward would build of it (the problem check's input)."""
+    return assemble_solution(problem, extract_code(solution, problem.function))
+
+
 def strip_comments(code: str) -> str:
     """OCaml source without its (nested) comments; string literals are kept intact."""
     if "(*" not in code:
@@ -364,7 +378,7 @@ def reason_of(stage: str, outcome: Outcome) -> str:
 
 
 def grade(outcome: Outcome, weights: tuple[float, float, float, float], structural_ok: bool) -> dict:
-    """Stage scores from the toolchain's outcome (see the README for the formula)."""
+    """Stage scores from the toolchain's outcome (see docs/reward.md for the formula)."""
     w_structural, w_type, w_compile, w_tests = weights
     stage = stage_of(outcome)
     type_check = compile_score = tests = 0.0
@@ -389,7 +403,8 @@ def grade(outcome: Outcome, weights: tuple[float, float, float, float], structur
         "type_errors": outcome.type_errors,
         "stage": stage,
         "reason": reason_of(stage, outcome),
-        "error_sample": outcome.error_sample,
+        # Where it went wrong, in the answer's own file or the tests', never the sandbox's folders.
+        "error_sample": outcome.error_sample or (first_failure(outcome) if outcome.compiled else ""),
     }
 
 
@@ -534,6 +549,8 @@ class SyntaxAwareReward:
         self.max_completion_length = max_completion_length
         self.pool = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
         self.logs: dict[str, int] = {}
+        # While held (dynamic sampling), a call's lines wait, in completion order, for write_held's marks.
+        self.held: list[list[tuple[str, dict]]] | None = None
         if log_dir is not None:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             for name in ("completions.jsonl", "syntax_aware_breakdown.jsonl"):
@@ -558,6 +575,10 @@ class SyntaxAwareReward:
         tests_list = tests or [None] * n
         ids = problem_id or kwargs.get("id") or [None] * n
         lengths = [len(c) if c is not None else None for c in (completion_ids or [None] * n)]
+        first = 0
+        if self.held is not None:
+            first = len(self.held)
+            self.held.extend([] for _ in range(n))
 
         async def score(i: int) -> dict:
             truncated = (
@@ -566,7 +587,7 @@ class SyntaxAwareReward:
             item = prepare(problems[i], tests_list[i], completions[i], truncated, self.cfg)
             outcome = await asyncio.wrap_future(self.pool.submit(item.job)) if item.job else None
             breakdown = finish(item, outcome, weights, self.cfg, ids[i])
-            self._log(breakdown, item, lengths[i])
+            self._log(breakdown, item, lengths[i], first + i)
             return breakdown
 
         breakdowns = await asyncio.gather(*(score(i) for i in range(n)))
@@ -583,7 +604,7 @@ class SyntaxAwareReward:
             log_extra("message", [completion_message(b) for b in breakdowns])
         return [b["total_reward"] for b in breakdowns]
 
-    def _log(self, breakdown: dict, item: Prepared, length: int | None) -> None:
+    def _log(self, breakdown: dict, item: Prepared, length: int | None, index: int = 0) -> None:
         if not self.logs:
             return
         completion = {
@@ -594,7 +615,22 @@ class SyntaxAwareReward:
             "completion": item.text,
         }
         for name, record in (("completions.jsonl", completion), ("syntax_aware_breakdown.jsonl", breakdown)):
-            os.write(self.logs[name], (json.dumps(record, default=str) + "\n").encode())
+            if self.held is not None:
+                self.held[index].append((name, record))
+            else:
+                os.write(self.logs[name], (json.dumps(record, default=str) + "\n").encode())
+
+    def hold_logs(self) -> None:
+        """Keep the log lines of the next calls until write_held: dynamic sampling marks each completion
+        kept or dropped once its step's groups are chosen."""
+        self.held = []
+
+    def write_held(self, marks: list[dict]) -> None:
+        """Write the held lines, in call and completion order, each with its completion's mark added."""
+        held, self.held = self.held or [], None
+        for lines, mark in zip(held, marks, strict=True):
+            for name, record in lines:
+                os.write(self.logs[name], (json.dumps({**record, **mark}, default=str) + "\n").encode())
 
     def close(self) -> None:
         self.pool.close()
@@ -615,6 +651,10 @@ def problems_by_id(path: Path) -> dict[str, tuple[str, str]]:
 
 def score_files(problems_path: Path, completions_path: Path, cfg: RewardConfig) -> list[dict]:
     problems = problems_by_id(problems_path)
+    if cfg.repair_problems:  # MultiPL-E's rendering bugs, each repair named on stderr
+        rows = [{"id": problem_id, "tests": tests} for problem_id, (_, tests) in problems.items()]
+        repaired, _ = repair_problems(rows, lambda text: print(text, file=sys.stderr))
+        problems = {row["id"]: (problems[row["id"]][0], row["tests"]) for row in repaired}
     items = []
     for row in load_rows(completions_path):
         problem, tests = problems.get(str(row.get("problem_id")), (None, None))
@@ -631,11 +671,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     score.add_argument("completions", type=Path, help="JSONL with problem_id, completion, optional truncated")
     config.add_arguments(score, RewardConfig)
+    check = commands.add_parser("check", help="name each problem whose tests or reference solution fail")
+    check.add_argument("problems", help="a problems file, or a dataset id (ID:CONFIG[:SPLIT] for MultiPL-E)")
+    config.add_arguments(check, RewardConfig)
     args = parser.parse_args(argv)
     try:
         cfg, _ = config.resolve(RewardConfig, args)
     except ConfigError as exc:
         parser.error(str(exc))
+    if args.command == "check":
+        try:
+            return check_source(args.problems, cfg, reference_program)
+        except (ConfigError, OSError) as exc:
+            parser.error(str(exc))
     try:
         breakdowns = score_files(args.problems, args.completions, cfg)
     except OSError as exc:

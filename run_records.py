@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from problems import ROOT
 from rewards import STAGES
 
 if TYPE_CHECKING:
@@ -30,17 +31,32 @@ def _num(value: Any) -> float:
 
 
 def format_log_line(logs: Mapping[str, Any], reward_name: str = "syntax_aware_reward") -> str:
-    """One learning.log line in the seed's format (a missing metric prints as nan)."""
+    """One learning.log line in the seed's format (a missing metric prints as nan). With dynamic sampling,
+    frac_zero_std is the share of sampled groups that tied (the seed's meaning; the trained ones never tie)
+    and `kept=K/N` ends the line: groups trained of groups sampled."""
     m = {k: _num(logs.get(k)) for k in ("epoch", "loss", "grad_norm", "learning_rate", "entropy")}
     r = {k: _num(logs.get(k)) for k in ("reward", "reward_std", "frac_reward_zero_std")}
     own_mean = _num(logs.get(f"rewards/{reward_name}/mean"))
     own_std = _num(logs.get(f"rewards/{reward_name}/std"))
+    sampled = logs.get("dynamic/frac_zero_std_sampled")
+    frac = r["frac_reward_zero_std"] if sampled is None else _num(sampled)
+    kept = (
+        f"  kept={_count(logs['dynamic/groups_trained'])}/{_count(logs['dynamic/groups_sampled'])}"
+        if sampled is not None
+        else ""
+    )
     return (
         f"[Epoch {m['epoch']:.2f}]  loss={m['loss']:<7.4f}  grad={m['grad_norm']:.4f}  "
         f"lr={m['learning_rate']:.2e}  reward={r['reward']:.3f}±{r['reward_std']:.3f}  "
         f"syntax_rew={own_mean:.3f}±{own_std:.3f}  entropy={m['entropy']:.3f}  "
-        f"frac_zero_std={r['frac_reward_zero_std']:.2f}"
+        f"frac_zero_std={frac:.2f}{kept}"
     )
+
+
+def _count(value: Any) -> str:
+    """A group count, or its mean over a logging window of several steps."""
+    number = _num(value)
+    return f"{number:.0f}" if number.is_integer() else f"{number:.1f}"
 
 
 def format_sft_line(logs: Mapping[str, Any]) -> str:
@@ -68,11 +84,13 @@ def use_step_lines(
     metrics_path: Path,
     line: Callable[[Mapping[str, Any]], str],
     console_lines: int | None = None,
-) -> None:
+):
     """Replace the trainer's progress callback by one that draws the same bar with one readable line per
     logging step under it, instead of the raw metric dict; the line also goes to learning.log and every metric
     to metrics.jsonl. Only the main process writes. The end-of-training summary (train_loss, ...) goes to
-    metrics.jsonl only. With `console_lines` the console shows about that many of the lines, evenly spread."""
+    metrics.jsonl only. With `console_lines` the console shows about that many of the lines, evenly spread.
+    Returns the callback: its `close_bar` ends the bar of a run that an error stops, so that the error's line
+    is printed under it rather than after it on the same line."""
     from transformers import ProgressCallback
 
     class StepLines(ProgressCallback):
@@ -87,8 +105,15 @@ def use_step_lines(
                 if state.global_step % every == 0 or state.global_step == state.max_steps:
                     console(text)
 
+        def close_bar(self) -> None:
+            if self.training_bar is not None:
+                self.training_bar.close()
+                self.training_bar = None
+
+    lines = StepLines()
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(StepLines())
+    trainer.add_callback(lines)
+    return lines
 
 
 def console(text: str) -> None:
@@ -127,14 +152,19 @@ def eval_row(step: int, epoch: float, summary: Mapping[str, Any]) -> dict:
 
 
 def as_given(value: Any, run_dir: Path) -> Any:
-    """A local path relative to the run's folder, so that a model card is right on the hub and on any other
-    machine; a hub id, and any value that is not a path, as it is."""
+    """A local path as a model card names it, so that the card is right on the hub and on any other machine:
+    relative to the run's folder when it is inside it (the SFT model), a file bundled with this repository by
+    its name there (`data/demo_problems.jsonl`, which train.py finds from any folder), anything else relative
+    to the run's folder. A hub id, and any value that is not a path, as it is."""
     if not isinstance(value, str) or not value:
         return value
     path = Path(value).expanduser()
     if not (path.is_absolute() or path.exists()):
         return value
-    return os.path.relpath(path.resolve(), run_dir.resolve())
+    path, run_dir = path.resolve(), run_dir.resolve()
+    if not path.is_relative_to(run_dir) and path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    return os.path.relpath(path, run_dir)
 
 
 def model_card(

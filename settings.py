@@ -2,7 +2,8 @@
 
 Each field names its env variable, its default and its help; `config.py` turns the fields into CLI flags, the
 resolution flag > env > default, the checks, and the generated table in docs/configuration.md. Nothing here
-imports torch, so a bad value stops in well under a second, before any model loads.
+imports torch (GRPO_GENERATION=auto asks it only where libcuda shows a GPU), so a bad value stops in well
+under a second, before any model loads.
 """
 
 from __future__ import annotations
@@ -44,12 +45,46 @@ def _cuda_visible() -> bool:
     return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
-def generation_path(choice: str) -> str:
-    """GRPO_GENERATION resolved: `auto` is the compiled sampler where CUDA is, TRL's plain sampling elsewhere
-    (vLLM is never picked for you: it is a separate install, and it takes GPU memory or a second GPU)."""
+def compiled_refusal(environ: Mapping[str, str]) -> str | None:
+    """Why the compiled sampler must not run under these settings, or None: frozen weights would sample the
+    first round's policy all run long; sharded ones are gathered into new memory every round (no fold of
+    the graph's inputs, CUDA graphs recorded again each time)."""
+    if environ.get("TORCHINDUCTOR_FREEZING") == "1":
+        return "TORCHINDUCTOR_FREEZING=1 bakes the first round's weights into the compiled graph"
+    if environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        return "FSDP shards the weights"
+    if environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+        return "DeepSpeed ZeRO-3 shards the weights"
+    return None
+
+
+def torch_cuda_missing() -> str | None:
+    """Why torch cannot compile for a GPU here, or None. libcuda is asked first, so a box without a GPU
+    resolves without importing torch; where it shows one, torch is asked too (a CPU-only wheel or a driver
+    older than the wheel's CUDA shows a GPU to libcuda and none to torch), and triton must be there."""
+    if not _cuda_visible():
+        return "no CUDA device"
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        return f"the driver shows a GPU but torch {torch.__version__} ({build}) cannot use it"
+    if importlib.util.find_spec("triton") is None:
+        return "triton (torch.compile's GPU code generator) is not installed"
+    return None
+
+
+def generation_choice(choice: str, environ: Mapping[str, str]) -> tuple[str, str]:
+    """GRPO_GENERATION resolved, and why: `auto` is the compiled sampler where torch can compile for CUDA and
+    nothing refuses it, TRL's plain sampling elsewhere (vLLM is never picked for you: it is a separate
+    install, and it takes GPU memory or a second GPU). An explicit `compiled` that is refused stops."""
+    refusal = compiled_refusal(environ) if choice in ("auto", "compiled") else None
+    if choice == "compiled" and refusal:
+        raise ConfigError(f"GRPO_GENERATION=compiled: {refusal}; set GRPO_GENERATION=plain")
     if choice != "auto":
-        return choice
-    return "compiled" if _cuda_visible() else "plain"
+        return choice, "as set"
+    missing = refusal or torch_cuda_missing()
+    return ("plain", f"auto: {missing}") if missing else ("compiled", "auto: torch compiles for CUDA here")
 
 
 def _module_names(value: str) -> str | None:
@@ -129,17 +164,24 @@ class TrainConfig(RewardConfig):
         choices=("group", "batch", "none"),
     )
     report_to: str = setting(
-        "none",
+        "trackio",
         "GRPO_REPORT_TO",
-        "experiment tracker",
+        "experiment tracker; trackio keeps the dashboard's data local (make dashboard; docs/dashboard.md)",
         choices=tuple(["none", *TRACKER_PACKAGES]),
         check=_tracker_installed,
+    )
+    trackio_dir: str | None = setting(
+        None,
+        "TRACKIO_DIR",
+        "folder of trackio's data with GRPO_REPORT_TO=trackio; none = GRPO_OUTPUT_DIR/trackio (one folder "
+        "for many runs puts them side by side in one dashboard)",
     )
     generation: str = setting(
         "auto",
         "GRPO_GENERATION",
-        "how completions are sampled: plain (TRL's), compiled (LoRA folded in, static cache, compiled "
-        "step; README Speed), vllm (requirements-gpu.txt); auto: compiled on CUDA, plain elsewhere",
+        "how completions are sampled: plain (TRL's), compiled (LoRA unmerged, static cache, compiled "
+        "step; docs/speed.md), vllm (requirements-gpu.txt); auto: compiled where torch compiles for CUDA, "
+        "else plain",
         choices=("auto", "plain", "compiled", "vllm"),
         check=_vllm_installed,
     )
@@ -158,6 +200,16 @@ class TrainConfig(RewardConfig):
     )
     stop_on_red_flags: bool = setting(
         False, "GRPO_STOP_ON_RED_FLAGS", "stop (checkpoint saved) when the seed's stop criteria hold"
+    )
+    dynamic_sampling: str = setting(
+        "off",
+        "GRPO_DYNAMIC_SAMPLING",
+        "filter: drop the groups whose rewards all tie and sample further prompts, in data order, to fill "
+        "the step (DAPO's dynamic sampling; docs/dynamic-sampling.md)",
+        choices=("off", "filter"),
+    )
+    dynamic_max_rounds: int = setting(
+        3, "GRPO_DYNAMIC_MAX_ROUNDS", "filter: extra rounds of prompts one step may sample at most", low=0
     )
     lora_r: int = setting(32, "LORA_R", "LoRA rank", low=1)
     lora_alpha: int = setting(64, "LORA_ALPHA", "LoRA scaling numerator", low=1)

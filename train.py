@@ -2,17 +2,17 @@
 
     python train.py                      # GRPO; settings from flags > env (.envrc) > defaults
     python train.py --sft                # the supervised warm start on reference solutions
+    python train.py --check              # the preflight of a new box, in about two minutes
     python train.py --print-config       # the resolved settings as JSON, nothing loaded
     python train.py --demo               # tiny local model, SFT then GRPO on the CPU, about 90 s
 
-TRL's GRPOTrainer does the sampling, advantages and updates (its SFTTrainer the warm start); PEFT adds the
-LoRA adapter; `rewards.py` scores every completion with the OCaml compiler. This file resolves the
-settings, builds the dataset and prompt, evaluates on held-out problems during training, and writes the logs
-the seed analysis reads: learning.log (one line per logging step), metrics.jsonl, and the model card.
-Torch, transformers, TRL and PEFT are imported only after every setting has been checked, so a bad value
-stops in well under a second and never after the model has loaded.
+This file is the run, top to bottom: the settings (settings.py's TrainConfig, resolved from flags and env),
+then the GRPO run (problems -> prompts -> TRL's GRPOTrainer with a PEFT LoRA adapter -> rewards.py's OCaml
+reward -> learning.log, metrics.jsonl, the health monitor, held-out evaluations, the model card), then the SFT
+run on TRL's SFTTrainer. docs/architecture.md says which module holds each step. Torch, transformers, TRL and
+PEFT are imported only after every setting has been checked, so a bad value stops in well under a second and
+never after the model has loaded.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -25,14 +25,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import config
+import dashboard
 import demo
 from config import ConfigError
 from demo import DEMO_SETTINGS
 from evaluate import held_out_evaluation, split_held_out
 from ocaml_sandbox import ToolchainMissing, check_toolchain
+from problem_check import leave_out_broken
 from problems import load_problems
-from prompts import build_sft_dataset, build_train_dataset, check_few_shot
-from rewards import SyntaxAwareReward
+from prompts import build_sft_dataset, build_train_dataset, check_few_shot, fitting_prompts
+from rewards import SyntaxAwareReward, reference_program
 from run_records import (
     append_log_line,
     console,
@@ -46,7 +48,7 @@ from run_records import (
     use_step_lines,
     write_header,
 )
-from settings import TrainConfig, check_paths, generation_path
+from settings import TrainConfig, check_paths, generation_choice
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--print-config", action="store_true", help="print the resolved settings as JSON and exit"
     )
     parser.add_argument(
-        "--config-table", action="store_true", help="print the README's settings table and exit"
+        "--config-table", action="store_true", help="print docs/configuration.md's settings table and exit"
     )
     parser.add_argument(
         "--sft",
@@ -68,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--demo", action="store_true", help="offline run of a tiny local model on the CPU")
     parser.add_argument(
         "--resume", action="store_true", help="continue from the latest checkpoint in the output dir"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="check this box and the settings in about two minutes, then exit"
     )
     parser.add_argument(
         "--merge-to", metavar="DIR", help="after training, write base model + adapter merged to DIR"
@@ -98,8 +103,11 @@ def parse_config(
         if sources["model_id"] != "flag":  # run_demo builds it there
             cfg = dataclasses.replace(cfg, model_id=str(Path(cfg.output_dir) / "tiny-model"))
             sources["model_id"] = "demo"
-    if cfg.generation == "auto":  # resolved here, so that --print-config and learning.log's header show it
-        cfg = dataclasses.replace(cfg, generation=generation_path("auto"))
+    # Resolved here, so that --print-config and learning.log's header show what auto became; the source
+    # "auto" tells the compiled sampler that a failed compile may fall back to plain sampling.
+    generation, _ = generation_choice(cfg.generation, environ)  # a refused explicit `compiled` stops here
+    if cfg.generation == "auto":
+        cfg = dataclasses.replace(cfg, generation=generation)
         sources["generation"] = "auto"
     check_paths(cfg, sources)
     return cfg, sources
@@ -210,11 +218,12 @@ def train(
     resume_from = last if resume else None
     check_toolchain()
     check_few_shot(cfg)
+    tracking = dashboard.keep_local(cfg)  # before TRL imports trackio, which reads its folder once
 
     import torch
-    from trl import GRPOTrainer
 
     import generation
+    from dynamic_sampling import DynamicSamplingTrainer, describe
     from monitor import HealthMonitor, read_jsonl
 
     quiet_libraries()
@@ -233,10 +242,16 @@ def train(
         f"launch: distributed type: {args.distributed_state.distributed_type.value}, "
         f"processes: {args.world_size}, device: {args.device}"
     )
+    if tracking:
+        note(tracking)
 
-    problems, held_out = split_held_out(load_problems(cfg.training_dataset, warn=note), cfg, note)
+    problems = load_problems(cfg.training_dataset, warn=note)
+    problems, _ = leave_out_broken(problems, cfg, reference_program, note)
+    problems, held_out = split_held_out(problems, cfg, note)
     tokenizer = load_tokenizer(cfg.model_id)
     dataset = build_train_dataset(problems, tokenizer, cfg, note)
+    if held_out:  # over-long prompts dropped as training drops them: evaluation keeps the training shape
+        held_out = [p for p, _ in fitting_prompts(held_out, tokenizer, cfg, "the held-out set", note)]
     prompts_per_round = args.generation_batch_size // cfg.num_generations
     if len(dataset) < prompts_per_round:
         raise ConfigError(
@@ -261,22 +276,38 @@ def train(
     reward = SyntaxAwareReward(
         cfg, log_dir=output_dir / "reward_logs", max_completion_length=cfg.max_completion_length
     )
+    lines = board = None
     try:
-        trainer = GRPOTrainer(
+        trainer = DynamicSamplingTrainer(  # TRL's GRPOTrainer itself with GRPO_DYNAMIC_SAMPLING=off
             model=policy,
             reward_funcs=[reward],
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=None if cfg.init_adapter else lora_config(cfg),
+            dynamic_sampling=cfg.dynamic_sampling,
+            max_rounds=cfg.dynamic_max_rounds,
+            note=note,
         )
-        if cfg.generation == "compiled":
-            generation.CompiledSampler(cfg.max_prompt_length, note).install(trainer.model)
+        if cfg.dynamic_sampling != "off":
+            note(describe(cfg.dynamic_max_rounds, prompts_per_round))
+        if cfg.generation == "compiled":  # a round's rows per process: evaluation batches padded to it
+            rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_generations
+            asked = "auto" if sources["generation"] == "auto" else "compiled"  # auto may fall back to plain
+            sampler = generation.CompiledSampler(
+                cfg.max_prompt_length, rows, asked=asked, log=note, warn=write_line
+            )
+            sampler.install(trainer.model)
         # The step line first, then the monitor's WARNING/OK lines about it, then an evaluation's line.
-        use_step_lines(trainer, log_path, metrics_path, lambda logs: format_log_line(logs, reward.__name__))
+        lines = use_step_lines(
+            trainer, log_path, metrics_path, lambda logs: format_log_line(logs, reward.__name__)
+        )
         # On --resume the monitor starts from what was logged up to the checkpoint (it cuts at the step).
+        board = dashboard.install(trainer, output_dir.name, dataclasses.asdict(cfg), reward.__name__)
         health = HealthMonitor(
-            write_line, cfg.stop_on_red_flags, earlier=read_jsonl(metrics_path) if resume_from else []
+            dashboard.with_alerts(write_line, board),
+            cfg.stop_on_red_flags,
+            earlier=read_jsonl(metrics_path) if resume_from else [],
         )
         trainer.add_callback(health)
         if held_out:
@@ -285,12 +316,18 @@ def train(
                 append_log_line(metrics_path, json.dumps(row))
                 write_line(format_eval_line(row))
                 health.add_eval(row)  # the memorising WARNING/OK about it
+                if board:
+                    board.add_eval(row)
 
             trainer.add_callback(held_out_evaluation(held_out, tokenizer, cfg, record))
         trainer.add_callback(model_card_callback(output_dir, card))
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         trainer.save_model(str(adapter_dir))
-    finally:
+    finally:  # also when an error stops the run: no bar left half drawn, no trackio run left open
+        if lines:
+            lines.close_bar()
+        if board:  # None unless GRPO_REPORT_TO=trackio
+            board.finish()
         reward.close()
     if is_main:
         for folder in (output_dir, adapter_dir):
@@ -351,6 +388,7 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
     problems = load_problems(
         source, warn=note, for_sft=True, setting_name="SFT_DATASET" if cfg.sft_dataset else "TRAINING_DATASET"
     )
+    problems, _ = leave_out_broken(problems, cfg, reference_program, note, solutions=False)
     tokenizer = load_tokenizer(cfg.model_id)
     return SFTTrainer(
         model=cfg.model_id,
@@ -382,9 +420,14 @@ def sft(cfg: TrainConfig, sources: Mapping[str, str]) -> Path:
     )
     if is_main:
         write_header(log_path, cfg, sources, None, program="train.py --sft")
+    if tracking := dashboard.keep_local(cfg):  # before TRL imports trackio
+        note(tracking)
     trainer = sft_trainer(cfg, note)
+    board = dashboard.install(trainer, f"{Path(cfg.output_dir).name}-sft", dataclasses.asdict(cfg))
     use_step_lines(trainer, log_path, metrics_path, format_sft_line, console_lines=20)
     trainer.train()
+    if board:
+        board.finish()
     trainer.save_model(str(final))
     if is_main:
         (final / "README.md").write_text(
@@ -424,6 +467,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
             resolved = {k: {"value": v, "source": sources[k]} for k, v in dataclasses.asdict(cfg).items()}
             print(json.dumps(resolved, indent=2))
             return 0
+        if args.check:  # the preflight (preflight.py): one ok/FAIL/skip line per check
+            import preflight
+
+            return preflight.run(cfg, sources, os.environ if environ is None else environ, resume=args.resume)
         if args.demo:
             run_demo(cfg, sources, args)
         elif args.sft:

@@ -52,7 +52,7 @@ def test_defaults_are_the_seeds() -> None:
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
     ]  # fmt: skip
     assert (cfg.min_non_empty_lines, cfg.runaway_penalty_multiplier) == (8, 0.3)
-    assert cfg.output_dir == "grpo_runs" and cfg.report_to == "none"
+    assert cfg.output_dir == "grpo_runs" and cfg.report_to == "trackio" and cfg.trackio_dir is None
 
 
 def test_seed_batch_of_4_with_6_generations_is_one_round_per_step() -> None:

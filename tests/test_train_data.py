@@ -11,7 +11,7 @@ from config import ConfigError
 from problems import BUNDLED_PROBLEMS, load_problems
 from prompts import FEW_SHOT, build_prompt_messages, build_train_dataset, check_few_shot, prompt_token_count
 from rewards import END_MARKER, RewardConfig, score_completion
-from run_records import format_log_line
+from run_records import as_given, format_log_line
 from settings import TrainConfig
 from train import parse_config
 
@@ -176,3 +176,13 @@ def test_log_line_prints_nan_for_a_missing_metric() -> None:
     logs = metrics_of(SEED_LINES[0])
     del logs["entropy"]
     assert "  entropy=nan  " in format_log_line(logs)
+
+
+def test_model_card_paths_name_no_folder_of_the_training_machine(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "sft" / "model").mkdir(parents=True)
+    assert as_given(str(run / "sft" / "model"), run) == "sft/model"
+    assert as_given(str(BUNDLED_PROBLEMS), run) == "data/problems.jsonl"
+    assert as_given(str(tmp_path / "mine.jsonl"), run) == "../mine.jsonl"
+    assert as_given("Qwen/Qwen2.5-Coder-1.5B-Instruct", run) == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert as_given(0.003, run) == 0.003

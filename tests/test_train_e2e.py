@@ -99,9 +99,10 @@ def test_demo_warm_starts_then_learns_and_writes_every_output(tmp_path: Path) ->
     assert card == (out / "README.md").read_text(encoding="utf-8")
     assert "base_model: sft/model" in card and "[None]" not in card  # paths relative to the run's folder
     assert str(ROOT) not in card and str(out.parent) not in card  # no path of the machine that trained
+    assert "on `data/demo_problems.jsonl`" in card  # a bundled file by its name in the repository
     assert "| `GRPO_LEARNING_RATE` | `0.003` | demo |" in card and "merge_and_unload" in card
     assert "`GRPO_BATCH_SIZE`" not in card  # the demo pins it at its default: nothing to tell
-    assert "| held-out pass@1 (step 40, 48 problems) |" in card
+    assert "| held-out pass@1 (step 40, 12 problems) |" in card  # data/demo_heldout.jsonl
     assert (out / "analysis.md").read_text(encoding="utf-8").startswith("Status: ")
 
 
