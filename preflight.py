@@ -20,6 +20,7 @@ the sampler is tried on a small random model of the same architecture with the r
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import tempfile
@@ -41,6 +42,25 @@ class Failed(Exception):
 
 class Skipped(Exception):
     """A check's skip line: why it does not apply here."""
+
+
+@functools.cache
+def _model_config_or_error(model_id: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_id), None
+    except (OSError, ValueError) as err:
+        return None, err
+
+
+def model_config(model_id: str):
+    """The model's config, read once per check run: a model that cannot be reached costs the hub client's
+    retries once, and its error is the model line's, not the sampler's too."""
+    config, error = _model_config_or_error(model_id)
+    if error is not None:
+        raise error
+    return config.__class__.from_dict(config.to_dict())  # a copy: small_model changes its widths
 
 
 def gib(size: int) -> str:
@@ -185,11 +205,11 @@ def model_memory(cfg: TrainConfig) -> tuple[int, int, int, int]:
     """(parameters, weight bytes, bytes of the sampler's KV cache for one round, activation bytes of one
     update pass without checkpointing), from the model's config alone (meta device, nothing loaded)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     import generation
 
-    config = AutoConfig.from_pretrained(cfg.model_id)
+    config = model_config(cfg.model_id)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=config.dtype)
     params = sum(p.numel() for p in model.parameters())
@@ -215,9 +235,7 @@ def check_model(cfg: TrainConfig, sources: Mapping[str, str], environ: Mapping[s
         params, weights, cache, activations = model_memory(cfg)
     except (OSError, ValueError) as err:
         raise Failed(f"GRPO_MODEL_ID={cfg.model_id!r}: cannot read its config ({first_line(err)})") from None
-    from transformers import AutoConfig
-
-    layers = AutoConfig.from_pretrained(cfg.model_id).get_text_config().num_hidden_layers
+    layers = model_config(cfg.model_id).get_text_config().num_hidden_layers
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     memory = generation.device_memory(device)
     without = generation.WEIGHT_COPIES * weights + activations
@@ -244,9 +262,9 @@ def small_model(cfg: TrainConfig, device):
     the run trains in bf16, with the run's LoRA given an effect."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(cfg.model_id)
+    config = model_config(cfg.model_id)
     text = config.get_text_config()
     text.num_hidden_layers = min(2, text.num_hidden_layers)
     if device.type == "cpu" and text.hidden_size > 256:  # the CPU checks that it works, not its speed
@@ -296,6 +314,8 @@ def check_sampler(cfg: TrainConfig) -> str:
     import generation
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if _model_config_or_error(cfg.model_id)[1] is not None:
+        raise Skipped("needs the model's config (the model line says why it cannot be read)")
     try:
         model = small_model(cfg, device)
     except (OSError, ValueError, KeyError) as err:
@@ -427,9 +447,12 @@ def run(
     write: Callable[[str], None] = print,
 ) -> int:
     """Every check, one line each as it finishes; 0 when none failed, else 1."""
+    from huggingface_hub.utils import logging as hub_logging
+
     from run_records import quiet_libraries
 
     quiet_libraries()
+    hub_logging.set_verbosity_error()  # one line per check: the hub client's retries are not ours to print
     started, failed = time.monotonic(), 0
     for name, check in checks(cfg, sources, environ, resume):
         try:

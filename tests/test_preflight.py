@@ -98,3 +98,23 @@ def test_the_model_line_estimates_the_seed_model_from_its_config_alone(tmp_path:
     # At the budgets (704 + 512 tokens); the H100 measured 24.7 and 8.5 GiB at the bench's 450 + 512.
     assert "update 29.9 GiB without gradient checkpointing and 9.4 GiB with it" in line
     assert line.endswith("sampling plain (as set)")
+
+
+def test_an_unreadable_model_config_fails_once_and_skips_the_sampler(tmp_path: Path, capsys) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{not json", encoding="utf-8")
+    flags = ["--check", "--model-id", str(model), "--training-dataset", str(BUNDLED_PROBLEMS)]
+    assert (
+        train.main([*flags, "--output-dir", str(tmp_path / "out"), "--eval-steps", "none"], environ={}) == 1
+    )
+    out = capsys.readouterr().out
+    *lines, verdict = out.strip().splitlines()
+    assert all(line.startswith(STATUSES) for line in lines), out  # nothing but the checks' own lines
+    assert verdict.startswith("2 check(s) failed"), out  # the tokenizer and the model, from one cause
+    by_name = {line[6:].split(":")[0]: line for line in lines}
+    assert by_name["model"].startswith(f"FAIL  model: GRPO_MODEL_ID={str(model)!r}: cannot read its config")
+    assert (
+        by_name["sampler"]
+        == "skip  sampler: needs the model's config (the model line says why it cannot be read)"
+    )
