@@ -274,7 +274,7 @@ def split_held_out(
         else []
     )
     if held:
-        held, _ = leave_out_broken(held, cfg, reference_program, note)
+        held, _ = leave_out_broken(held, cfg, reference_program, note, what="GRPO_EVAL_DATASET")
     if cfg.eval_holdout:
         if cfg.eval_holdout >= len(problems):
             raise ConfigError(

@@ -243,11 +243,13 @@ def leave_out_broken(
     note: Callable[[str], None] = print,
     *,
     solutions: bool = True,
+    what: str | None = None,
 ) -> tuple[list[dict], CheckResult]:
     """The usable problems (their tests repaired first under REPAIR_PROBLEMS=1, each repair named), each
     broken one named through `note` with its error, then the count: what a run does on load. Without
     `solutions` (SFT: the solution is what it trains on, and the demo's SFT set holds wrong ones on purpose)
-    only the tests are checked."""
+    only the tests are checked. `what` names the set in the count's line (the setting it came from), for a run
+    that checks more than one."""
     if cfg.repair_problems:
         problems, _ = repair_problems(problems, note)
     # SFT may read rows without tests: nothing to check there, the reference answer is all it uses.
@@ -257,7 +259,11 @@ def leave_out_broken(
         note(f"left out problem {problem_id}: {error}")
     untested = len(problems) - result.total
     also = f"; {untested} without tests, not checked" if untested else ""
-    note(f"problem check: {result.summary()}{also} ({result.cached} verdicts cached, {result.seconds:.1f} s)")
+    label = f" ({what})" if what else ""
+    note(
+        f"problem check{label}: {result.summary()}{also} ({result.cached} verdicts cached, "
+        f"{result.seconds:.1f} s)"
+    )
     broken = {problem_id for problem_id, _ in result.broken}
     return [p for p in problems if str(p["id"]) not in broken], result
 

@@ -13,6 +13,7 @@ run on TRL's SFTTrainer. docs/architecture.md says which module holds each step.
 PEFT are imported only after every setting has been checked, so a bad value stops in well under a second and
 never after the model has loaded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -246,7 +247,7 @@ def train(
         note(tracking)
 
     problems = load_problems(cfg.training_dataset, warn=note)
-    problems, _ = leave_out_broken(problems, cfg, reference_program, note)
+    problems, _ = leave_out_broken(problems, cfg, reference_program, note, what="TRAINING_DATASET")
     problems, held_out = split_held_out(problems, cfg, note)
     tokenizer = load_tokenizer(cfg.model_id)
     dataset = build_train_dataset(problems, tokenizer, cfg, note)
@@ -385,10 +386,9 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
         model_init_kwargs={"dtype": "auto"},
     )
     source = cfg.sft_dataset or cfg.training_dataset
-    problems = load_problems(
-        source, warn=note, for_sft=True, setting_name="SFT_DATASET" if cfg.sft_dataset else "TRAINING_DATASET"
-    )
-    problems, _ = leave_out_broken(problems, cfg, reference_program, note, solutions=False)
+    setting_name = "SFT_DATASET" if cfg.sft_dataset else "TRAINING_DATASET"
+    problems = load_problems(source, warn=note, for_sft=True, setting_name=setting_name)
+    problems, _ = leave_out_broken(problems, cfg, reference_program, note, solutions=False, what=setting_name)
     tokenizer = load_tokenizer(cfg.model_id)
     return SFTTrainer(
         model=cfg.model_id,

@@ -177,6 +177,6 @@ def test_training_leaves_broken_problems_out_and_says_so(tmp_path, tiny_model, o
         "# left out problem broken_row: the tests do not compile against the signature: Syntax error"
         in header
     )
-    assert f"# problem check: {len(rows)} of {len(rows) + 1} problems usable" in header
+    assert f"# problem check (TRAINING_DATASET): {len(rows)} of {len(rows) + 1} problems usable" in header
     prompts = [json.loads(line)["problem_id"] for line in (out / "reward_logs" / "completions.jsonl").open()]
     assert prompts and "broken_row" not in prompts
