@@ -175,6 +175,7 @@ class DynamicSamplingTrainer(GRPOTrainer):
         # "fill" (bench/dynamic_sampling.py's comparison only): a short step is topped up with the dropped
         # groups of highest mean reward, which carry no advantage but do count in the loss's normaliser.
         self.short_steps = short_steps
+        self._sampler: EpochRepeatSampler | None = None  # set by _get_train_sampler, in both modes
         if not self.filtering:
             return
         if (
@@ -192,15 +193,14 @@ class DynamicSamplingTrainer(GRPOTrainer):
         self._steps_in_epoch = 1
         self._planned_steps = 0
         self._told_all_tied = False
-        self._sampler: EpochRepeatSampler | None = None
         self._round_rewards: torch.Tensor | None = None
         self.add_callback(DataPosition(self))
 
     # --- the data: extra rounds from the epoch iterator, the position in checkpoints ----------------------
 
     def _get_train_sampler(self, dataset=None):
-        if not self.filtering:
-            return super()._get_train_sampler(dataset)
+        # In both modes: a fresh run reads exactly TRL's order, and a resumed one its own epoch's (TRL's
+        # RepeatSampler would replay epoch 0's shuffle in whatever epoch a run resumes).
         self._sampler = EpochRepeatSampler(
             data_source=dataset if dataset is not None else self.train_dataset,
             mini_repeat_count=self.num_generations,
@@ -229,11 +229,11 @@ class DynamicSamplingTrainer(GRPOTrainer):
             with open(position, encoding="utf-8") as f:
                 saved = json.load(f)
             epoch, batches = int(saved["epoch"]), int(saved["batches"])
+        if self._sampler is not None:
+            self._sampler.first_epoch, self._sampler.passes = epoch, 0
         if self.filtering:
             self._start = (epoch, batches)
             self._epoch_iterator = None
-            if self._sampler is not None:
-                self._sampler.first_epoch, self._sampler.passes = epoch, 0
         return epoch, batches
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):

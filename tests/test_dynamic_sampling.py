@@ -158,10 +158,10 @@ def lora_weights(t) -> dict[str, torch.Tensor]:
 
 def test_off_is_exactly_trls_grpo_trainer(tiny_model: Path, tmp_path: Path) -> None:
     runs = []
-    for cls in (None, DynamicSamplingTrainer):
+    for cls in (None, DynamicSamplingTrainer):  # eight steps: past the first epoch's end (six steps)
         torch.manual_seed(0)
         t = trainer(tiny_model, tmp_path / str(cls), DesignedReward(set(NAMES[:4]), 2), cls=cls,
-                    dynamic_sampling="off", max_steps=3)  # fmt: skip
+                    dynamic_sampling="off", max_steps=8)  # fmt: skip
         t.train()
         runs.append((logged(t), lora_weights(t), t.reward_funcs[0].calls))
     (rows_trl, weights_trl, calls_trl), (rows_off, weights_off, calls_off) = runs
@@ -169,7 +169,7 @@ def test_off_is_exactly_trls_grpo_trainer(tiny_model: Path, tmp_path: Path) -> N
     assert [{k: v for k, v in r.items() if not k.endswith(drop)} for r in rows_trl] == [
         {k: v for k, v in r.items() if not k.endswith(drop)} for r in rows_off
     ]
-    assert calls_trl == calls_off and len(calls_off) == 3
+    assert calls_trl == calls_off and len(calls_off) == 8
     assert all(torch.equal(weights_trl[n], weights_off[n]) for n in weights_trl)
     assert not any(k.startswith("dynamic/") for r in rows_off for k in r)
 
@@ -261,6 +261,24 @@ def test_resume_after_filtering_continues_the_data_where_it_stopped(tiny_model: 
     second.train(resume_from_checkpoint=str(checkpoint))
     assert [p for call in reward.calls for p in call] == expected
     assert [r["epoch"] for r in logged(second)] == [r["epoch"] for r in logged(whole)]  # history included
+
+
+def test_resume_without_filtering_reads_the_epoch_it_resumes_in(tiny_model: Path, tmp_path: Path) -> None:
+    """With filtering off, a run stopped in its second epoch and resumed samples what the uninterrupted run
+    samples there (TRL's own sampler would replay the first epoch's shuffle and repeat some problems)."""
+    whole = trainer(
+        tiny_model, tmp_path / "whole", DesignedReward(set(), 2), dynamic_sampling="off", max_steps=10
+    )
+    whole.train()
+    expected = [p for call in whole.reward_funcs[0].calls for p in call]
+
+    reward = DesignedReward(set(), 2)
+    first = trainer(tiny_model, tmp_path / "parts", reward, dynamic_sampling="off", max_steps=7, save_steps=7)
+    first.train()
+    second = trainer(tiny_model, tmp_path / "parts", reward, dynamic_sampling="off", max_steps=10)
+    second.train(resume_from_checkpoint=str(tmp_path / "parts" / "checkpoint-7"))
+    assert [p for call in reward.calls for p in call] == expected
+    assert expected[12:20] != expected[:8]  # the second epoch has its own shuffle, which a resume must keep
 
 
 # --- the OCaml reward's logs, and train.py end to end -------------------------------------------------------
