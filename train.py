@@ -4,7 +4,7 @@
     python train.py --sft                # the supervised warm start on reference solutions
     python train.py --check              # the preflight of a new box, in about two minutes
     python train.py --print-config       # the resolved settings as JSON, nothing loaded
-    python train.py --demo               # tiny local model, SFT then GRPO on the CPU, about 90 s
+    python train.py --demo               # tiny local model, SFT then GRPO on the CPU, about 2 min
 
 This file is the run, top to bottom: the settings (settings.py's TrainConfig, resolved from flags and env),
 then the GRPO run (problems -> prompts -> TRL's GRPOTrainer with a PEFT LoRA adapter -> rewards.py's OCaml

@@ -1,6 +1,6 @@
 """`make demo` with three seeds: does GRPO raise the reward every time? The README's curves come from here.
 
-    .venv/bin/python bench/demo_seeds.py [--seeds 42,1,2]    # about 90 s a seed on 2 cores
+    .venv/bin/python bench/demo_seeds.py [--seeds 42,1,2]    # about two minutes a seed on 2 cores
 
 Runs `train.py --demo --seed S` for each seed into grpo_runs/demo-seed-S/ (the demo's own settings, an empty
 environment otherwise), then prints, per seed, the mean reward of the first and last 5 GRPO steps, the
