@@ -120,28 +120,18 @@ def check_sandbox(cfg: TrainConfig) -> str:
 
 
 def check_reward(cfg: TrainConfig) -> str:
-    from prompts import FEW_SHOT
-    from rewards import score_completion
+    from prompts import check_few_shot
 
-    problem, tests, answer = FEW_SHOT[0]
     started = time.monotonic()
-    result = score_completion(problem, tests, answer, cfg=cfg)
-    if result["total_reward"] < 1.0:
-        raise Failed(
-            f"the worked example scores {result['total_reward']:.2f} ({result['stage']}: "
-            f"{result['reason']}); check MIN_NON_EMPTY_LINES and the reward weights"
-        )
+    try:
+        check_few_shot(cfg)  # train.py's own refusal, in the run's sandbox
+    except ConfigError as err:
+        raise Failed(str(err)) from None
     return f"the worked example scores 1.0 in the sandbox ({time.monotonic() - started:.1f} s)"
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Data
-
-
-def load_tokenizer(cfg: TrainConfig):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(cfg.model_id)
 
 
 def check_dataset(cfg: TrainConfig, env: str, source: str, tokenizer, rows_needed: int) -> str:
@@ -382,7 +372,7 @@ def check_sampler(cfg: TrainConfig) -> str:
 
 
 def check_output_dir(cfg: TrainConfig, resume: bool) -> str:
-    from run_records import latest_checkpoint
+    from run_records import resume_point
 
     out = Path(cfg.output_dir).expanduser()
     try:
@@ -391,12 +381,10 @@ def check_output_dir(cfg: TrainConfig, resume: bool) -> str:
             pass
     except OSError as err:
         raise Failed(f"GRPO_OUTPUT_DIR={cfg.output_dir!r} is not writable ({first_line(err)})") from None
-    last = latest_checkpoint(out)
-    if last is not None and not resume:
-        raise Failed(
-            f"GRPO_OUTPUT_DIR={cfg.output_dir!r} holds {last.name} of an earlier run: pass --resume to "
-            "continue it, or choose another GRPO_OUTPUT_DIR"
-        )
+    try:
+        last = resume_point(cfg.output_dir, resume)  # what train.py refuses, in its words
+    except ConfigError as err:
+        raise Failed(str(err)) from None
     if last is not None:
         return f"{out}: writable; --resume continues from {last.name}"
     return f"{out}: writable, no earlier run's checkpoints"
@@ -412,14 +400,16 @@ def checks(
     yield "toolchain", lambda: check_toolchain(cfg)
     yield "sandbox", lambda: check_sandbox(cfg)
     yield "reward", lambda: check_reward(cfg)
+    from prompts import load_tokenizer
+
     tokenizer = None
     try:
-        tokenizer = load_tokenizer(cfg)
-    except (OSError, ValueError) as err:
-        reason = first_line(err)
+        tokenizer = load_tokenizer(cfg.model_id)
+    except ConfigError as err:
+        message = str(err)
 
         def no_tokenizer() -> str:
-            raise Failed(f"GRPO_MODEL_ID={cfg.model_id!r}: cannot load its tokenizer ({reason})")
+            raise Failed(message)
 
         yield "tokenizer", no_tokenizer
     prompts_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps

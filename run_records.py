@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from config import ConfigError
 from problems import ROOT
 from rewards import STAGES
 
@@ -269,6 +270,20 @@ def model_card_callback(output_dir: Path, card: Callable[[], str]):
                 (output_dir / "README.md").write_text(card(), encoding="utf-8")
 
     return ModelCard()
+
+
+def resume_point(output_dir: str, resume: bool) -> Path | None:
+    """The checkpoint `--resume` continues from (None for a fresh run); ConfigError when --resume finds none,
+    or when a fresh run would overwrite an earlier run's checkpoints and mix its logs with theirs."""
+    last = latest_checkpoint(Path(output_dir).expanduser())
+    if resume and last is None:
+        raise ConfigError(f"--resume: no checkpoint-* folder in GRPO_OUTPUT_DIR={output_dir!r}")
+    if not resume and last is not None:
+        raise ConfigError(
+            f"GRPO_OUTPUT_DIR={output_dir!r} holds {last.name} of an earlier run: pass --resume to "
+            "continue it, or choose another GRPO_OUTPUT_DIR"
+        )
+    return last
 
 
 def latest_checkpoint(output_dir: Path) -> Path | None:

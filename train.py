@@ -34,7 +34,7 @@ from evaluate import held_out_evaluation, split_held_out
 from ocaml_sandbox import ToolchainMissing, check_toolchain
 from problem_check import leave_out_broken
 from problems import load_problems
-from prompts import build_sft_dataset, build_train_dataset, check_few_shot, fitting_prompts
+from prompts import build_sft_dataset, build_train_dataset, check_few_shot, fitting_prompts, load_tokenizer
 from rewards import SyntaxAwareReward, reference_program
 from run_records import (
     append_log_line,
@@ -42,10 +42,10 @@ from run_records import (
     format_eval_line,
     format_log_line,
     format_sft_line,
-    latest_checkpoint,
     model_card,
     model_card_callback,
     quiet_libraries,
+    resume_point,
     use_step_lines,
     write_header,
 )
@@ -165,16 +165,6 @@ def grpo_args(cfg: TrainConfig, use_bf16: bool):
     )
 
 
-def load_tokenizer(model_id: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_id)
-    except (OSError, ValueError) as err:
-        reason = " ".join(str(err).split())  # transformers' messages span lines; ours are one line
-        raise ConfigError(f"GRPO_MODEL_ID={model_id!r}: cannot load its tokenizer ({reason})") from None
-
-
 def print_nothing(text: str) -> None:
     """What processes other than the main one do with log lines and notes."""
 
@@ -208,15 +198,7 @@ def train(
 ) -> Path:
     """Run GRPO and return the adapter folder; whatever can be refused is refused before the model loads."""
     output_dir = Path(cfg.output_dir)
-    last = latest_checkpoint(output_dir)
-    if resume and last is None:
-        raise ConfigError(f"--resume: no checkpoint-* folder in GRPO_OUTPUT_DIR={cfg.output_dir!r}")
-    if not resume and last is not None:  # a second run would overwrite its checkpoints and mix the logs
-        raise ConfigError(
-            f"GRPO_OUTPUT_DIR={cfg.output_dir!r} holds {last.name} of an earlier run: pass --resume to "
-            "continue it, or choose another GRPO_OUTPUT_DIR"
-        )
-    resume_from = last if resume else None
+    resume_from = resume_point(cfg.output_dir, resume)
     check_toolchain()
     check_few_shot(cfg)
     tracking = dashboard.keep_local(cfg)  # before TRL imports trackio, which reads its folder once
