@@ -153,15 +153,18 @@ STASHES = {"bwrap": ["stash", "../stash", "/tmp/stash", "/dev/shm/stash"], "rlim
 def test_no_completion_sees_the_files_of_another(mode):
     skip_without_isolation(mode)
     places = "[" + "; ".join(f'"{place}"' for place in STASHES[mode]) + "]"
+    # The first completion fails its tests exactly when one of its writes went through.
     leave = (
-        '  let leave p = try let oc = open_out p in output_string oc "x"; close_out oc with _ -> () in\n'
-        f"  List.iter leave {places};\n"
-        "  List.fold_left ( + ) 0 xs"
+        "  let leave p =\n"
+        '    try let oc = open_out p in output_string oc "x"; close_out oc; true with _ -> false in\n'
+        f"  if List.exists (fun b -> b) (List.map leave {places}) then -1 else List.fold_left ( + ) 0 xs"
     )
     find = f"  if List.exists Sys.file_exists {places} then -1 else List.fold_left ( + ) 0 xs"
     # One worker, so that the second completion runs where the first one did.
     left, found = score(mode, PROBLEM, TESTS, leave, find, timeout=2.0)
-    assert (left["tests_passed"], found["tests_passed"]) == (4, 4), found
+    assert found["tests_passed"] == 4, found  # nothing the first one left is visible to the second
+    if os.geteuid() == 0:  # the answer runs under a uid of its own: none of these places is writable
+        assert left["tests_passed"] == 4, left
 
 
 # What goes wrong, and where the record must say it happened.
