@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from config import ConfigError
-from rewards import STAGES
+from monitor import SAMPLED_ZERO_STD
+from rewards import STAGES, completion_text
 
 PROJECT = "ocaml-grpo"
 HOST = "127.0.0.1"
@@ -106,6 +107,11 @@ def _quiet() -> Iterator[None]:
 def readable_metrics(logs: Mapping[str, Any], names: Mapping[str, str]) -> dict[str, float]:
     """A logging step's numbers under the dashboard's names: learning.log's for the headline metrics, `stage
     share/<stage>` for the reward stages, `trl/<name>` for the rest of what TRL logs."""
+    if SAMPLED_ZERO_STD in logs and "frac_reward_zero_std" in names:
+        # Dynamic sampling: learning.log's frac_zero_std is the share of sampled groups that tied (the
+        # seed's meaning); TRL's counts the trained groups only and keeps its own name.
+        names = {**names, SAMPLED_ZERO_STD: names["frac_reward_zero_std"]}
+        names.pop("frac_reward_zero_std")
     metrics = {}
     for key, value in logs.items():
         if not isinstance(value, int | float) or isinstance(value, bool):
@@ -134,13 +140,6 @@ def eval_metrics(row: Mapping[str, Any]) -> dict[str, float]:
         else:
             metrics["held-out/" + name] = float(value)
     return metrics
-
-
-def completion_text(completion: Any) -> str:
-    """The text of a completion as TRL keeps it: a string, or chat messages."""
-    if isinstance(completion, list):
-        return "".join(str(m.get("content", "")) for m in completion if isinstance(m, dict))
-    return str(completion)
 
 
 def completion_rows(step: int, completion_log: Mapping[str, Any], reward_name: str) -> list[list[Any]]:

@@ -165,8 +165,11 @@ def score_samples(samples: Sequence[dict], problems: Sequence[dict], cfg: Reward
     # a run reached (without the curriculum, the REWARD_WEIGHT_* settings).
     scores = score_batch(items, cfg, epoch=math.inf)
     # A pass is correctness: the code passes every test, whatever the training-only line gate says (the END
-    # marker never decides a stage). Jobs the reward already ran come back from the pool's cache.
-    ungated = score_batch(items, dataclasses.replace(cfg, min_non_empty_lines=0), epoch=math.inf)
+    # marker never decides a stage), so the gated samples alone are scored again without the gate.
+    gated = [i for i, score in enumerate(scores) if score["stage"] == "gated"]
+    no_gate = dataclasses.replace(cfg, min_non_empty_lines=0)
+    regraded = dict(zip(gated, score_batch([items[i] for i in gated], no_gate, epoch=math.inf), strict=True))
+    ungated = [regraded.get(i, score) for i, score in enumerate(scores)]
     return [
         {
             "problem_id": s["problem_id"],

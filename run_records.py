@@ -173,9 +173,9 @@ def model_card(
 ) -> str:
     """The README.md of an output folder: what was trained from what, the settings that differ from the
     defaults, the last metrics, and how to load and merge `weights` (the adapter, or --sft's model)."""
-    rows = [
-        json.loads(line) for line in metrics_path.read_text(encoding="utf-8").splitlines() if line.strip()
-    ]
+    from monitor import read_jsonl  # torn last line of a killed run skipped; monitor imports transformers
+
+    rows = read_jsonl(metrics_path)
     last = next((r for r in reversed(rows) if "loss" in r), {})
     last_eval = next((r for r in reversed(rows) if "eval/pass@1" in r), None)
     full_model = sft and cfg.sft_all_weights

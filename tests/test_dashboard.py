@@ -234,3 +234,13 @@ def test_make_dashboard_without_data_says_so_in_one_line(tmp_path: Path) -> None
         "GRPO_OUTPUT_DIR/trackio/)\n"
     )
     assert "No dashboard data in this folder" in dashboard.report_line(tmp_path)
+
+
+def test_with_dynamic_sampling_frac_zero_std_is_the_sampled_share_as_in_learning_log() -> None:
+    logs = {"frac_reward_zero_std": 0.0, "dynamic/frac_zero_std_sampled": 0.4, "reward": 0.5}
+    metrics = dashboard.readable_metrics(logs, dashboard.STEP_METRICS)
+    assert metrics["train/frac_zero_std"] == 0.4  # the seed's meaning, what learning.log prints
+    assert metrics["trl/frac_reward_zero_std"] == 0.0  # TRL's share of the trained groups, by its own name
+    assert dashboard.readable_metrics({"frac_reward_zero_std": 0.25}, dashboard.STEP_METRICS) == {
+        "train/frac_zero_std": 0.25
+    }

@@ -186,3 +186,13 @@ def test_model_card_paths_name_no_folder_of_the_training_machine(tmp_path: Path)
     assert as_given(str(tmp_path / "mine.jsonl"), run) == "../mine.jsonl"
     assert as_given("Qwen/Qwen2.5-Coder-1.5B-Instruct", run) == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
     assert as_given(0.003, run) == 0.003
+
+
+def test_the_model_card_is_written_from_metrics_with_a_torn_last_line(tmp_path: Path) -> None:
+    from run_records import model_card
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 0.5, "reward": 0.25}\n{"step": 2, "lo', encoding="utf-8")
+    cfg = dataclasses.replace(TrainConfig(), output_dir=str(tmp_path))
+    card = model_card(cfg, {"output_dir": "flag"}, metrics, tmp_path / "adapter")  # a run killed mid-write, then resumed
+    assert "## Last metrics (step 1, " in card and "| mean reward | 0.25 |" in card
