@@ -322,15 +322,15 @@ class DynamicSamplingTrainer(GRPOTrainer):
             tied = tied_groups(rewards, group)[first_group : first_group + target]
             means = rewards.view(-1, group).nanmean(dim=1)[first_group : first_group + target]
             rounds.append(Round(output, tied.tolist(), means.tolist()))
-            informative = sum(not t for r in rounds for t in r.tied)
-            if self._global_min(informative) >= target or len(rounds) > self.max_rounds:
+            least = self._global_min(sum(not t for r in rounds for t in r.tied))  # over every process
+            if least >= target or len(rounds) > self.max_rounds:
                 break
             batch = self._next_round()
             if self._global_min(int(batch is not None)) == 0:  # even shards run out together; never hang
                 ran_out = True
                 break
         # Equal shapes on every process: each trains as many groups as the one with the fewest has.
-        trained = min(target, self._global_min(sum(not t for r in rounds for t in r.tied)))
+        trained = min(target, least)
         left = trained
         for r in rounds:
             r.kept = []

@@ -39,7 +39,7 @@ from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_proble
 from prompts import build_prompt_messages
 from rewards import STAGES, RewardConfig, reference_program, score_batch
 from run_records import eval_row, quiet_libraries
-from settings import TrainConfig, looks_local
+from settings import TrainConfig, looks_local, round_rows
 
 # Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
 # more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
@@ -301,7 +301,7 @@ def held_out_evaluation(problems: list[dict], tokenizer, cfg: TrainConfig, recor
     process evaluates (the others wait for it at their next step)."""
     from transformers import TrainerCallback
 
-    round_size = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_generations
+    round_size = round_rows(cfg)
 
     class HeldOutEvaluation(TrainerCallback):
         def __init__(self) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from config import ConfigError
-from settings import TrainConfig, generation_choice
+from settings import TrainConfig, generation_choice, round_rows
 
 GiB = 2**30
 SAMPLER_BATCH, SAMPLER_PROMPT, SAMPLER_TOKENS = 4, 24, 16
@@ -207,7 +207,7 @@ def model_memory(cfg: TrainConfig) -> tuple[int, int, int, int]:
     text = config.get_text_config()
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_generations
+    rows = round_rows(cfg)
     positions = cfg.max_prompt_length + cfg.max_completion_length
     element = torch.finfo(config.dtype or torch.float32).bits // 8
     cache = 2 * text.num_hidden_layers * rows * positions * kv_heads * head_dim * element

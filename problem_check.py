@@ -182,33 +182,29 @@ def check_problems(
     cfg: CheckSettings,
     assemble: Assemble,
     *,
-    pool: SandboxPool | None = None,
     cache: Path | None = None,
-    use_cache: bool = True,
 ) -> CheckResult:
     """Every problem ({id, problem, tests, solution?}, as problems.load_problems gives them) checked in the
     sandbox, all jobs at once across the pool's workers; cached verdicts are not computed again."""
     started = time.monotonic()
     cache = cache or cache_path()
-    known = read_cache(cache) if use_cache else {}
+    known = read_cache(cache)
     jobs = [problem_jobs(p, assemble) for p in problems]
     keys = [verdict_key(pair) for pair in jobs]
     todo = [i for i, key in enumerate(keys) if key not in known]
-    own_pool = pool is None and bool(todo)
-    if own_pool:
+    fresh = []
+    if todo:
         pool = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
-    try:
-        fresh = _verdicts([jobs[i] for i in todo], pool) if todo else []
-    finally:
-        if own_pool:
+        try:
+            fresh = _verdicts([jobs[i] for i in todo], pool)
+        finally:
             pool.close()
     new = {}
     for i, (error, definite) in zip(todo, fresh, strict=True):
         known[keys[i]] = error
         if definite:
             new[keys[i]] = error
-    if use_cache:
-        append_cache(cache, new)
+    append_cache(cache, new)
     broken = [(str(p["id"]), known[key]) for p, key in zip(problems, keys, strict=True) if known[key]]
     return CheckResult(broken, len(problems), len(problems) - len(todo), time.monotonic() - started)
 
@@ -226,14 +222,6 @@ def _verdicts(jobs: Sequence[tuple[Job, Job | None]], pool: SandboxPool) -> list
             error, definite = reference_error(outcome), is_definite(outcome)
         results.append((error, definite))
     return results
-
-
-def broken_problems(
-    problems: Sequence[Mapping], cfg: CheckSettings, assemble: Assemble, pool: SandboxPool | None = None
-) -> list[tuple[str, str]]:
-    """(id, first error line) of every broken problem, in order; [] when all are usable. `assemble` is
-    rewards.reference_program."""
-    return check_problems(problems, cfg, assemble, pool=pool).broken
 
 
 def leave_out_broken(

@@ -288,6 +288,11 @@ class TrainConfig(RewardConfig):
     )
 
 
+def round_rows(cfg: TrainConfig) -> int:
+    """Completions one process samples per optimizer step (one round): prompts x accumulation x group."""
+    return cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_generations
+
+
 def check_paths(cfg: TrainConfig, sources: Mapping[str, str]) -> None:
     """Local model and dataset paths must exist; each failure is one line."""
     model_path = Path(cfg.model_id).expanduser()

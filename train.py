@@ -49,7 +49,7 @@ from run_records import (
     use_step_lines,
     write_header,
 )
-from settings import TrainConfig, check_paths, generation_choice
+from settings import TrainConfig, check_paths, generation_choice, round_rows
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,7 +229,8 @@ def train(
         note(tracking)
 
     problems = load_problems(cfg.training_dataset, warn=note)
-    problems, _ = leave_out_broken(problems, cfg, reference_program, note, what="TRAINING_DATASET")
+    with args.main_process_first(desc="problem check"):  # the others read its cached verdicts
+        problems, _ = leave_out_broken(problems, cfg, reference_program, note, what="TRAINING_DATASET")
     problems, held_out = split_held_out(problems, cfg, note)
     tokenizer = load_tokenizer(cfg.model_id)
     dataset = build_train_dataset(problems, tokenizer, cfg, note)
@@ -275,10 +276,9 @@ def train(
         if cfg.dynamic_sampling != "off":
             note(describe(cfg.dynamic_max_rounds, prompts_per_round))
         if cfg.generation == "compiled":  # a round's rows per process: evaluation batches padded to it
-            rows = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_generations
             asked = "auto" if sources["generation"] == "auto" else "compiled"  # auto may fall back to plain
             sampler = generation.CompiledSampler(
-                cfg.max_prompt_length, rows, asked=asked, log=note, warn=write_line
+                cfg.max_prompt_length, round_rows(cfg), asked=asked, log=note, warn=write_line
             )
             sampler.install(trainer.model)
         # The step line first, then the monitor's WARNING/OK lines about it, then an evaluation's line.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from problem_check import broken_problems, cache_path, check_problems, leave_out_broken
+from problem_check import cache_path, check_problems, leave_out_broken
 from problems import BUNDLED_PROBLEMS, load_problems
 from rewards import RewardConfig, reference_program
 
@@ -50,7 +50,7 @@ def test_each_kind_of_broken_problem_is_named_with_the_first_error_line():
         problem("solution_not_ocaml", solution="\n  List.fold_left ( + ) 0 xs in"),
         problem("unknown_type", problem="(** Bad. *)\nlet total (xs : item list) : int ="),
     ]
-    broken = dict(broken_problems(problems, CFG, reference_program))
+    broken = dict(check_problems(problems, CFG, reference_program).broken)
     assert list(broken) == [
         "tilde",
         "wrong_type",

@@ -194,5 +194,6 @@ def test_the_model_card_is_written_from_metrics_with_a_torn_last_line(tmp_path: 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "loss": 0.5, "reward": 0.25}\n{"step": 2, "lo', encoding="utf-8")
     cfg = dataclasses.replace(TrainConfig(), output_dir=str(tmp_path))
-    card = model_card(cfg, {"output_dir": "flag"}, metrics, tmp_path / "adapter")  # a run killed mid-write, then resumed
+    # A run killed mid-write, then resumed: its next save writes the card from what was logged.
+    card = model_card(cfg, {"output_dir": "flag"}, metrics, tmp_path / "adapter")
     assert "## Last metrics (step 1, " in card and "| mean reward | 0.25 |" in card
