@@ -30,6 +30,7 @@ import dashboard
 import monitor
 from monitor import EVAL_PASS, EVAL_REWARD, Check, Criterion, Knobs, Row, Rows
 from rewards import STAGES
+from run_records import SAMPLED_ZERO_STD, read_jsonl
 
 RECENT_COMPLETIONS = 200  # the reward-log rows that stand for "now"
 EXAMPLES_PER_STAGE = 2
@@ -195,7 +196,7 @@ def load_run(path: Path) -> Run:
     folder = path if path.is_dir() else path.parent
     metrics = path if path.is_file() else folder / "metrics.jsonl"
     log = path if path.is_file() and path.suffix != ".jsonl" else folder / "learning.log"
-    rows = monitor.read_jsonl(metrics) if metrics.suffix == ".jsonl" else []
+    rows = read_jsonl(metrics) if metrics.suffix == ".jsonl" else []
     history, evals = monitor.metric_history(rows)
     log_history, log_evals, resumes = read_log(log)
     source = metrics.name
@@ -211,8 +212,8 @@ def load_run(path: Path) -> Run:
         evals,
         resumes,
         read_knobs(log),
-        monitor.read_jsonl(logs / "syntax_aware_breakdown.jsonl"),
-        monitor.read_jsonl(logs / "completions.jsonl"),
+        read_jsonl(logs / "syntax_aware_breakdown.jsonl"),
+        read_jsonl(logs / "completions.jsonl"),
     )
 
 
@@ -475,7 +476,7 @@ def dynamic_sampling_section(history: Sequence[Row]) -> list[str]:
         return []
     sampled = sum(r["dynamic/groups_sampled"] for r in steps)
     trained = sum(r.get("dynamic/groups_trained", 0.0) for r in steps)
-    tied = monitor.mean_of(steps, monitor.SAMPLED_ZERO_STD) or monitor.mean_of(steps, "frac_reward_zero_std")
+    tied = monitor.mean_of(steps, SAMPLED_ZERO_STD) or monitor.mean_of(steps, "frac_reward_zero_std")
     lines = [
         "## Dynamic sampling",
         "",

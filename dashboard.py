@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from config import ConfigError
-from monitor import SAMPLED_ZERO_STD
 from rewards import STAGES, completion_text
+from run_records import SAMPLED_ZERO_STD
 
 PROJECT = "ocaml-grpo"
 HOST = "127.0.0.1"

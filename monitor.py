@@ -10,15 +10,15 @@ the written report cannot disagree about a band.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from run_records import SAMPLED_ZERO_STD
 
 Row = Mapping[str, float]
 Rows = list[dict[str, float]]  # one per logged step, in step order
@@ -162,21 +162,6 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a .jsonl file; a torn or foreign line (a run killed mid-write) is skipped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
 def numeric(row: Mapping[str, Any]) -> dict[str, float]:
     return {
         k: float(v)
@@ -257,9 +242,6 @@ def zero_std_key(rows: Sequence[Row]) -> str:
     sampling filtering, TRL's frac_reward_zero_std counts only the groups that trained (none tie), and
     `dynamic/frac_zero_std_sampled` counts every group sampled."""
     return SAMPLED_ZERO_STD if any(SAMPLED_ZERO_STD in r for r in rows) else "frac_reward_zero_std"
-
-
-SAMPLED_ZERO_STD = "dynamic/frac_zero_std_sampled"
 
 
 def stuck_groups(rows: Sequence[Row]) -> float | None:

@@ -31,6 +31,25 @@ def _num(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+# With dynamic sampling, the share of *sampled* groups that tied: the seed's frac_zero_std.
+SAMPLED_ZERO_STD = "dynamic/frac_zero_std_sampled"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a .jsonl file; a torn or foreign line (a run killed mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def format_log_line(logs: Mapping[str, Any], reward_name: str = "syntax_aware_reward") -> str:
     """One learning.log line in the seed's format (a missing metric prints as nan). With dynamic sampling,
     frac_zero_std is the share of sampled groups that tied (the seed's meaning; the trained ones never tie)
@@ -39,7 +58,7 @@ def format_log_line(logs: Mapping[str, Any], reward_name: str = "syntax_aware_re
     r = {k: _num(logs.get(k)) for k in ("reward", "reward_std", "frac_reward_zero_std")}
     own_mean = _num(logs.get(f"rewards/{reward_name}/mean"))
     own_std = _num(logs.get(f"rewards/{reward_name}/std"))
-    sampled = logs.get("dynamic/frac_zero_std_sampled")
+    sampled = logs.get(SAMPLED_ZERO_STD)
     frac = r["frac_reward_zero_std"] if sampled is None else _num(sampled)
     kept = (
         f"  kept={_count(logs['dynamic/groups_trained'])}/{_count(logs['dynamic/groups_sampled'])}"
@@ -173,9 +192,7 @@ def model_card(
 ) -> str:
     """The README.md of an output folder: what was trained from what, the settings that differ from the
     defaults, the last metrics, and how to load and merge `weights` (the adapter, or --sft's model)."""
-    from monitor import read_jsonl  # torn last line of a killed run skipped; monitor imports transformers
-
-    rows = read_jsonl(metrics_path)
+    rows = read_jsonl(metrics_path)  # a torn last line (a killed run) skipped
     last = next((r for r in reversed(rows) if "loss" in r), {})
     last_eval = next((r for r in reversed(rows) if "eval/pass@1" in r), None)
     full_model = sft and cfg.sft_all_weights

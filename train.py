@@ -45,6 +45,7 @@ from run_records import (
     model_card,
     model_card_callback,
     quiet_libraries,
+    read_jsonl,
     resume_point,
     use_step_lines,
     write_header,
@@ -207,7 +208,7 @@ def train(
 
     import generation
     from dynamic_sampling import DynamicSamplingTrainer, describe
-    from monitor import HealthMonitor, read_jsonl
+    from monitor import HealthMonitor
 
     quiet_libraries()
     # GRPOConfig sets up the distributed state, so it comes before anything that asks for the main process.
