@@ -43,7 +43,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -67,6 +67,7 @@ from config import ConfigError
 # recompilations are exercised without inductor's C++ build (35 s for even the 2-layer test model). Tests
 # set another backend (one that raises) to make a compile fail.
 CPU_BACKEND = "eager"
+GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"  # transformers' switch to SDPA's own grouped-query attention
 SLOWDOWN = 2.0  # a round this many times slower per decoding step than the first rounds is a WARNING
 BASELINE_ROUNDS = 3  # the rounds after the compiling one whose median is the baseline
 
@@ -102,6 +103,143 @@ def sampling_state(model: PreTrainedModel | PeftModel) -> Iterator[PreTrainedMod
         model.train(training)
 
 
+def compile_config(device: torch.device) -> CompileConfig:
+    """How transformers compiles the decoding step on `device`. Dynamo's guards on the model's modules are
+    left out: checked before every decoding step, they cost more host time than the step's GPU work (about
+    5 ms of 17.6 on an H100 with the LoRA unmerged, issue 23). The sampler checks what they checked once a
+    call instead (`module_state`). CUDA graphs are asked for as an option, the same one transformers'
+    default mode sets, because torch.compile takes a mode or options, not both."""
+    options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+    if device.type == "cpu":
+        config = CompileConfig(backend=CPU_BACKEND, mode=None, options=options)
+        config._compile_all_devices = True  # transformers' switch for compiling on CPU
+        return config
+    return CompileConfig(backend="inductor", mode=None, options={**options, "triton.cudagraphs": True})
+
+
+@contextmanager
+def lora_in_base_dtype(
+    policy: PreTrainedModel, copies: dict[torch.nn.Parameter, torch.Tensor]
+) -> Iterator[None]:
+    """The LoRA weights in their base layer's dtype (bf16 on a GPU) for the duration: PEFT keeps them in
+    float32, which makes every LoRA matmul of a decoding step a small float32 GEMM (196 a step, 2.2 ms of an
+    H100's time, issue 23). The trainer's forward, under bf16 autocast, multiplies them in bf16 too. The
+    copies live in `copies` from call to call and are refreshed in place from the trained weights each
+    call, so their addresses stay those the CUDA graph recorded; they stand in as the parameters' data
+    and the float32 data is put back on exit."""
+    swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    for module in policy.modules():
+        base = getattr(module, "base_layer", None)
+        if base is None or not isinstance(getattr(module, "lora_A", None), torch.nn.ModuleDict):
+            continue
+        dtype = base.weight.dtype
+        for layer in (*module.lora_A.values(), *module.lora_B.values()):
+            weight = layer.weight
+            if weight.dtype == dtype or not dtype.is_floating_point:  # quantized bases keep theirs
+                continue
+            if weight not in copies:
+                copies[weight] = torch.empty_like(weight, dtype=dtype)
+            copies[weight].copy_(weight.detach())
+            swapped.append((weight, weight.data))
+            weight.data = copies[weight]
+    try:
+        yield
+    finally:
+        for weight, data in swapped:
+            weight.data = data
+
+
+@contextmanager
+def grouped_query_attention() -> Iterator[None]:
+    """SDPA's own grouped-query attention for the duration. With an attention mask (always, for left-padded
+    prompts) transformers expands the key/value heads to the query heads' number by copying them in every
+    layer (about 2 ms a decoding step of an H100's time, issue 23); SDPA reads the shared heads in place.
+    The same arithmetic, so the same log-probabilities."""
+    before = os.environ.get(GQA_SWITCH)
+    os.environ[GQA_SWITCH] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[GQA_SWITCH]
+        else:
+            os.environ[GQA_SWITCH] = before
+
+
+# What dynamo's skipped module guards checked, per module: class, flags and other plain attributes,
+# children, hooks, and for parameters and buffers their identity, dtype, shape and address (not their
+# values: the compiled step reads those on every call, which is what keeps the sampled policy the trained
+# one).
+ModuleState = dict[str, Hashable]
+PLAIN_VALUES = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+def module_state(model: torch.nn.Module) -> ModuleState:
+    """Each module's state as the compiled step depends on it, by module name; the config's under ''."""
+    state: ModuleState = {"<config>": value_key(vars(model.config))}
+    state.update((name, module_key(module)) for name, module in model.named_modules())
+    return state
+
+
+def module_key(module: torch.nn.Module) -> Hashable:
+    cls = type(module)
+    items = []
+    for name, value in vars(module).items():
+        if name in ("_parameters", "_buffers"):
+            items.append((name, tuple((key, tensor_key(tensor)) for key, tensor in value.items())))
+        elif name == "_modules":
+            items.append((name, tuple((key, id(child)) for key, child in value.items())))
+        elif isinstance(value, PLAIN_VALUES):
+            # A value equal to the class's own is the same state whether set or not: PEFT's
+            # disable_adapter() leaves `_disable_adapters = False` on each layer after the first use.
+            if getattr(cls, name, object()) != value:
+                items.append((name, value))
+        elif isinstance(value, torch.Tensor | list | tuple | dict | set | frozenset):
+            items.append((name, value_key(value)))
+        # Any other object (the config, read through module_state's own entry; a hook's removal handle;
+        # the checkpointing function, unused in eval mode) is not part of what the forward computes.
+    return (cls, tuple(items))
+
+
+def tensor_key(tensor: torch.Tensor | None) -> Hashable:
+    if tensor is None:
+        return None
+    return (id(tensor), tensor.dtype, tuple(tensor.shape), tensor.device, tensor.data_ptr())
+
+
+def value_key(value: object) -> Hashable:
+    if isinstance(value, PLAIN_VALUES):
+        return value
+    if isinstance(value, torch.Tensor):
+        return tensor_key(value)
+    if isinstance(value, list | tuple):
+        return (type(value), tuple(value_key(item) for item in value))
+    if isinstance(value, dict):  # hooks included, by their ids
+        return (dict, tuple((key, value_key(item)) for key, item in value.items()))
+    if isinstance(value, set | frozenset):
+        return (set, frozenset(value_key(item) for item in value))
+    return type(value)  # any other object (a hook function, a removal handle): only its kind
+
+
+def state_change(old: ModuleState, new: ModuleState) -> str:
+    """The first module whose state differs, and which of its attributes, for the recompile's WARNING."""
+    for name in [*new, *(name for name in old if name not in new)]:
+        if old.get(name) == new.get(name):
+            continue
+        label = name or "the model"
+        if name not in old or name not in new:
+            return f"{label} {'added' if name not in old else 'removed'}"
+        before, after = dict(old[name][1]), dict(new[name][1])  # type: ignore[index]
+        changed = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
+        return f"{label}: {', '.join(changed) or 'its class'}"
+    return "nothing"
+
+
+# The module state the graphs in dynamo's cache were compiled for, whichever sampler compiled them: a graph
+# compiled without module guards matches any model's call, so another state must clear the cache.
+_compiled_for: ModuleState | None = None
+
+
 @contextmanager
 def hooks_set_aside(embeddings: torch.nn.Module) -> Iterator[None]:
     """The input embeddings without their forward hooks, which are put back on exit. Those hooks make the
@@ -129,29 +267,6 @@ def one_line_reason(err: BaseException) -> str:
     first = next((line.strip() for line in str(err).splitlines() if line.strip()), "")
     text = f"{type(err).__name__}: {first}" if first else type(err).__name__
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-def sharded_weights() -> str | None:
-    """Why the weights are not whole on this process (DeepSpeed ZeRO-3, FSDP), or None. The compiled step
-    would read weights gathered into new memory every round: its CUDA graphs re-recorded each time."""
-    from transformers.integrations import is_deepspeed_zero3_enabled
-    from transformers.modeling_utils import is_fsdp_enabled
-
-    if is_deepspeed_zero3_enabled():
-        return "DeepSpeed ZeRO-3 shards the weights"
-    if is_fsdp_enabled():
-        return "FSDP shards the weights"
-    return None
-
-
-def frozen_weights() -> str | None:
-    """Why inductor would bake the weights into the compiled graph, or None: with freezing on, the first
-    round's weights would be sampled for the whole run."""
-    import torch._inductor.config as inductor_config
-
-    if inductor_config.freezing:
-        return "TORCHINDUCTOR_FREEZING=1 bakes the first round's weights into the compiled graph"
-    return None
 
 
 class CompiledSampler:
@@ -183,24 +298,17 @@ class CompiledSampler:
         self.step_ms: list[float] = []  # ms per decoding step of each call since the last compile
         self.slow_warned = False
         self.cudagraph_skips = 0
+        self.lora_copies: dict[torch.nn.Parameter, torch.Tensor] = {}  # the LoRA in the base's dtype
+        self.compiled_state: ModuleState | None = None  # the module state of this sampler's last compile
+        self.recompile_reason = ""
 
-    def install(self, model: PeftModel) -> bool:
-        """Make this sampler `model.generate`, unless the compiled graph would be wrong or useless here
-        (sharded or frozen weights): then `auto` leaves TRL's sampling (returns False) and `compiled` stops.
-        TRL's GRPOTrainer samples (without vLLM) by calling `generate` on the model
-        `unwrap_model_for_generation` hands it, which is this object (accelerate and DDP wrap it, they do not
-        replace it), so an attribute on it is the narrowest hook: no TRL code replaced or copied."""
-        refusal = sharded_weights() or frozen_weights()
-        if refusal:
-            if self.asked == "compiled":
-                raise ConfigError(
-                    f"GRPO_GENERATION=compiled: {refusal}; set GRPO_GENERATION=plain (or auto) to sample "
-                    "without the compiled sampler"
-                )
-            self.log(f"sampling: plain, not compiled: {refusal}")
-            return False
+    def install(self, model: PeftModel) -> None:
+        """Make this sampler `model.generate`. TRL's GRPOTrainer samples (without vLLM) by calling `generate`
+        on the model `unwrap_model_for_generation` hands it, which is this object (accelerate and DDP wrap
+        it, they do not replace it), so an attribute on it is the narrowest hook: no TRL code replaced or
+        copied. Settings under which the compiled graph would be wrong (frozen or sharded weights) never get
+        here: settings.compiled_refusal turns them to plain sampling before the model loads."""
         model.generate = functools.partial(self.generate, model)
-        return True
 
     def generation_config(self, config: GenerationConfig, device: torch.device) -> GenerationConfig:
         """`config` with compilation allowed, for the sampler's own static cache."""
@@ -209,9 +317,7 @@ class CompiledSampler:
         config = copy.deepcopy(config)
         config.cache_implementation = None  # the cache is passed in
         config.disable_compile = False  # TRL sets it; transformers compiles the step with a static cache
-        if device.type == "cpu":
-            config.compile_config = CompileConfig(backend=CPU_BACKEND, mode=None)
-            config.compile_config._compile_all_devices = True  # transformers' switch for compiling on CPU
+        config.compile_config = compile_config(device)
         return config
 
     def generate(
@@ -259,9 +365,15 @@ class CompiledSampler:
         if self.calls == 0:
             self.log("compiling the sampler (once per run)...")
         self.calls += 1
-        graphs = counters["stats"]["unique_graphs"]
         started = time.perf_counter()
-        with sampling_state(model) as policy, torch.no_grad():
+        with (
+            sampling_state(model) as policy,
+            lora_in_base_dtype(policy, self.lora_copies),
+            grouped_query_attention(),
+            torch.no_grad(),
+        ):
+            self.clear_graphs_of_another_state(module_state(policy))
+            graphs = counters["stats"]["unique_graphs"]
             if shape not in self.caches:
                 self.caches[shape] = StaticCache(config=policy.config, max_cache_len=shape[1])
             cache = self.caches[shape]
@@ -273,15 +385,31 @@ class CompiledSampler:
                 generation_config=config,
                 **kwargs,
             )
+            state = module_state(policy)  # as the graph saw it, and with transformers' compiled call kept
         if input_ids.device.type == "cuda":
             torch.cuda.synchronize(input_ids.device)
         seconds = time.perf_counter() - started
         new_graphs = counters["stats"]["unique_graphs"] - graphs
         if new_graphs:
+            global _compiled_for
+            _compiled_for = self.compiled_state = state
             self.note_compile(new_graphs, shape, seconds)
         else:
             self.note_round(seconds, output.shape[1] - input_ids.shape[1])
         return output[:rows]
+
+    def clear_graphs_of_another_state(self, state: ModuleState) -> None:
+        """Empty dynamo's cache when its graphs were compiled for another module state than `state`, so the
+        step compiles again instead of running a graph whose skipped guards would have failed: the model
+        switched (another sampler, adapters disabled or swapped), or a weight changed dtype, shape or
+        address. The sampler's own state (eval mode, checkpointing off, the LoRA copies) is the same in
+        every call, so a run whose model stays itself compiles once."""
+        if _compiled_for is None or state == _compiled_for:
+            return
+        if self.compiled_state is not None:
+            changed = state_change(self.compiled_state, state)
+            self.recompile_reason = f"the model's state changed since the last compile: {changed}"
+        torch.compiler.reset()
 
     def note_compile(self, graphs: int, shape: tuple[int, int], seconds: float) -> None:
         """The first compile is a note; any later one a WARNING, since a run needs one (after 8, dynamo
@@ -296,10 +424,9 @@ class CompiledSampler:
         if self.compiles == 1:
             self.log(f"sampling compiled: {what}")
         else:
-            self.warn(
-                f"WARNING sampling recompiled ({self.compiles} compiles this run; TORCH_LOGS=recompiles says "
-                f"why): {what}"
-            )
+            why = self.recompile_reason or "TORCH_LOGS=recompiles says why"
+            self.warn(f"WARNING sampling recompiled ({self.compiles} compiles this run; {why}): {what}")
+        self.recompile_reason = ""
         self.cudagraph_skips = skips
 
     def note_round(self, seconds: float, steps: int) -> None:

@@ -282,19 +282,6 @@ def test_a_failing_compile_asked_for_stops_the_run_with_one_line(
     assert not list(tmp_path.glob("checkpoint-*"))
 
 
-def test_frozen_weights_are_refused(bf16_peft_model) -> None:
-    lines: list[str] = []
-    with torch._inductor.config.patch(freezing=True):
-        assert CompiledSampler(32, asked="auto", log=lines.append).install(bf16_peft_model) is False
-        with pytest.raises(ConfigError, match="GRPO_GENERATION=compiled: TORCHINDUCTOR_FREEZING=1 bakes"):
-            CompiledSampler(32, asked="compiled").install(bf16_peft_model)
-    assert lines == [
-        "sampling: plain, not compiled: TORCHINDUCTOR_FREEZING=1 bakes the first round's weights "
-        "into the compiled graph"
-    ]
-    assert "generate" not in vars(bf16_peft_model)  # TRL's own generate stays
-
-
 def test_a_round_twice_as_slow_per_step_is_a_warning() -> None:
     lines: list[str] = []
     sampler = CompiledSampler(32, log=lines.append)
