@@ -3,10 +3,10 @@ with each of its changes added in turn, and where the time goes, in one process.
 
 Arms, each adding one change to the one before (issue 23), the last being the sampler as shipped:
 
-    before          the LoRA in float32, dynamo's module guards checked every step, key/value heads copied
-    + bf16 LoRA     the LoRA multiplied in its base layer's dtype (generation.lora_in_base_dtype)
-    + no guards     module guards left out, checked once a call instead (generation.compile_config)
-    + SDPA GQA      SDPA's own grouped-query attention (generation.grouped_query_attention)
+    before        the LoRA in float32, dynamo's module guards checked every step, key/value heads copied
+    +bf16-lora    the LoRA multiplied in its base layer's dtype (generation.lora_in_base_dtype)
+    +no-guards    module guards left out, checked once a call instead (generation.compile_config)
+    +sdpa-gqa     SDPA's own grouped-query attention (generation.grouped_query_attention): as shipped
 
 Each arm compiles its own graph (dynamo's cache emptied), samples one round to compile and two timed rounds,
 then one round under torch's profiler, which splits a decoding step's time: dynamo's guard checks before
@@ -22,6 +22,7 @@ with 64 completion tokens: what the host does per step depends on the modules, n
 
     .venv/bin/python bench/sampler_step.py          # on a GPU box
     .venv/bin/python bench/sampler_step.py --tiny   # on the CPU
+    .venv/bin/python bench/sampler_step.py --tiny --arms before,+sdpa-gqa --new-tokens 4   # a smoke run
 """
 
 import argparse
@@ -87,9 +88,9 @@ LEFT_OUT: dict[str, list[tuple[str, Callable]]] = {
 }
 ARMS = {
     "before": ["bf16 LoRA", "no guards", "SDPA GQA"],
-    "+ bf16 LoRA": ["no guards", "SDPA GQA"],
-    "+ no guards": ["SDPA GQA"],
-    "+ SDPA GQA (shipped)": [],
+    "+bf16-lora": ["no guards", "SDPA GQA"],
+    "+no-guards": ["SDPA GQA"],
+    "+sdpa-gqa": [],  # the sampler as shipped
 }
 
 
@@ -189,19 +190,25 @@ def main() -> int:
         default=list(ARMS),
         help=f"comma-separated arms (default all: {', '.join(ARMS)})",
     )
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        help=f"decoding steps a round (default {MAX_COMPLETION}; {TINY_COMPLETION} with --tiny)",
+    )
     args = parser.parse_args()
     unknown = [arm for arm in args.arms if arm not in ARMS]
     if unknown:
         parser.error(f"--arms: unknown {', '.join(unknown)}; expected some of {', '.join(ARMS)}")
+    new_tokens = args.new_tokens or (TINY_COMPLETION if args.tiny else MAX_COMPLETION)
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if device.type == "cpu":
         torch.set_num_threads(1)  # the host-side figures are single-threaded Python either way
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.tiny:
-            path, new_tokens = build_tiny_seed_structure(Path(tmp) / "model"), TINY_COMPLETION
+            path = build_tiny_seed_structure(Path(tmp) / "model")
         else:
-            path, new_tokens = build_random_qwen(Path(tmp) / "model"), MAX_COMPLETION
+            path = build_random_qwen(Path(tmp) / "model")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = lora_model(path, device)
     problems = load_problems(str(BUNDLED_PROBLEMS))[:BATCH]
