@@ -24,6 +24,12 @@ a static cache and a compiled step it is 12.7 ms with the LoRA unmerged (the pro
   the seed's shapes the cache is a fifth of the bytes a decoding step reads. The cache is kept from call to
   call (0.8 GiB at the seed's shapes): at the same addresses, the CUDA graph recorded in the first call is
   replayed in every later one;
+- the host does as little as it can between decoding steps, which on a GPU cost less than dynamo's checks
+  of them (issue 23's profile): dynamo's guards on the modules are skipped and the sampler checks the same
+  facts once a call instead (`module_state`; another state empties dynamo's cache and compiles again, with a
+  WARNING naming the change). Where the base weights are bf16 the LoRA is multiplied from bf16 copies,
+  refreshed in place from the trained float32 weights every call, and SDPA reads the shared key/value heads
+  of grouped-query attention in place instead of transformers copying them out per layer;
 - it cannot sink a run: with GRPO_GENERATION=auto, a call whose compile fails (no triton, no C compiler, an
   old GPU, an inductor error) logs one line and that call and every later one sample with TRL's plain
   path; with `compiled` asked for explicitly the run stops with one line naming GRPO_GENERATION=plain.
