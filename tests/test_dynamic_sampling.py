@@ -419,12 +419,16 @@ def test_two_processes_train_equal_shapes_under_accelerate_launch(tiny_model: Pa
     import subprocess
     import sys
 
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "TRAINING_"))}
+    from conftest import ROOT, user_environment  # here: the launched processes run this file as a script
+
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    # The project's modules for the launched script, and the caller's PYTHONPATH after them: where the
+    # packages come from it (pip --target), the processes need it to import trl at all.
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     result = subprocess.run(
         [*launch, __file__, str(tiny_model), str(tmp_path)],
-        env={**clean, "ACCELERATE_USE_CPU": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env=user_environment({"ACCELERATE_USE_CPU": "1", "PYTHONPATH": python_path}),
         capture_output=True,
         text=True,
         timeout=300,
