@@ -148,3 +148,59 @@ def check_lines(out: str) -> dict[str, str]:
     assert all(line.startswith(STATUSES) for line in lines), out
     assert verdict.startswith(("all checks passed in ", "1 check(s) failed", "2 check(s) failed")), out
     return {line[6:].split(":")[0]: line for line in lines}
+
+
+def compiled_run_flags(tiny_model: Path, out: Path, held_out: Path, checkpointing: str) -> list[str]:
+    """train.py's flags for three steps of the tiny model with the compiled sampler and a held-out evaluation
+    at steps 0, 2 and 3 on `held_out` (small_held_out_set)."""
+    from problems import BUNDLED_PROBLEMS
+
+    return [
+        *("--model-id", str(tiny_model), "--training-dataset", str(BUNDLED_PROBLEMS)),
+        *("--output-dir", str(out), "--max-steps", "3", "--save-steps", "5"),
+        *("--batch-size", "2", "--num-generations", "2", "--max-completion", "12"),
+        *("--lora-r", "4", "--lora-alpha", "8"),
+        *("--eval-dataset", str(held_out), "--eval-holdout", "0"),
+        *("--eval-steps", "2", "--eval-samples", "1"),
+        *("--generation", "compiled", "--gradient-checkpointing", checkpointing),
+    ]
+
+
+def compile_notes(log: list[str]) -> list[str]:
+    """learning.log's lines about a compile of the sampler: its note after the first, a WARNING for any
+    later one."""
+    return [line for line in log if "compiled:" in line or "recompiled" in line]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The sampler against the trainer's forward
+
+# Max |sampler - trainer| per-token log-probability. Measured on the 2-core development machine: 1e-6 in
+# float32, 1.6e-3 in bf16 (bf16 base weights, float32 LoRA as PEFT makes it; the GPU adds bf16 autocast:
+# bench/train_step.py measures it there). The LoRA given an effect moves them by 0.39.
+LOGPROB_TOLERANCE = {"float32": 1e-4, "bf16": 0.03}
+SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def bf16_peft(tiny_model: Path, device: str = "cpu"):
+    """The tiny model in bf16 on `device`, with an (untrained) LoRA r 8 on all seven projections."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).to(device)
+    return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=SEVEN, task_type="CAUSAL_LM"))
+
+
+def solution_batch(tokenizer, device, tokens: int = 40):
+    """(prompt ids, attention mask, completion ids) on `device`: two bundled problems' prompts as TRL batches
+    them (of different lengths, left-padded) and the first `tokens` tokens of their reference solutions."""
+    import torch
+
+    from bench.train_step import prompt_batch
+    from problems import BUNDLED_PROBLEMS, load_problems
+
+    problems = load_problems(str(BUNDLED_PROBLEMS))[:2]
+    ids, mask = prompt_batch(tokenizer, problems)
+    completion = torch.tensor([tokenizer(p["solution"])["input_ids"][:tokens] for p in problems])
+    return ids.to(device), mask.to(device), completion.to(device)
