@@ -30,7 +30,7 @@ import dashboard
 import monitor
 from monitor import EVAL_PASS, EVAL_REWARD, Check, Criterion, Knobs, Row, Rows
 from rewards import STAGES
-from run_records import SAMPLED_ZERO_STD, read_jsonl
+from run_records import NO_VALUE, SAMPLED_ZERO_STD, figure, read_jsonl
 
 RECENT_COMPLETIONS = 200  # the reward-log rows that stand for "now"
 EXAMPLES_PER_STAGE = 2
@@ -66,11 +66,11 @@ def metrics_of(match: re.Match[str], names: dict[str, tuple[str, ...]]) -> dict[
     try:
         row = {"epoch": float(match["epoch"])}
         for name, raw in PAIR.findall(match["pairs"]):
-            # Pasted logs may show "±" decoded as Latin-1, i.e. "Â±".
-            parts = re.split("[±/]", raw.replace("Â±", "±"))
+            # Pasted logs may show "±" decoded as Latin-1, i.e. "Â±"; n/a (no value) holds a "/" of its own.
+            parts = re.split("[±/]", raw.replace("Â±", "±").replace(NO_VALUE, "nan"))
             for key, part in zip(names.get(name, ()), parts, strict=False):
                 value = float(part)
-                if math.isfinite(value):  # train.py prints a metric TRL did not log as nan
+                if math.isfinite(value):  # a metric without a value (n/a; nan before) is left out
                     row[key] = value
     except ValueError:
         return None
@@ -263,7 +263,7 @@ class Analysis:
 
 def _range(history: Sequence[Row], key: str) -> str:
     values = [r[key] for r in history if key in r]
-    return f"{min(values):.3g} - {max(values):.3g}" if values else "not logged"
+    return f"{_fmt(min(values))} - {_fmt(max(values))}" if values else "not logged"
 
 
 def _assess(checks: Sequence[Check]) -> str:
@@ -273,7 +273,7 @@ def _assess(checks: Sequence[Check]) -> str:
     bad = [c for c in judged if not c.ok]
     if not bad:
         return "ok"
-    return "WARNING: " + ", ".join(f"{c.metric} {c.value:.3g}" for c in bad)
+    return "WARNING: " + ", ".join(f"{c.metric} {_fmt(c.value)}" for c in bad)
 
 
 def _lr_phase(history: Sequence[Row]) -> str:
@@ -325,7 +325,7 @@ def issues_section(bad: Sequence[Check]) -> list[str]:
     for i, title in enumerate(titles, 1):
         lines.append(f"### {i}. {title}")
         for c in (c for c in bad if c.title == title):
-            lines.append(f"- `{c.metric}` = {c.value:.3g}, expected {c.band}: {c.meaning}.")
+            lines.append(f"- `{c.metric}` = {_fmt(c.value)}, expected {c.band}: {c.meaning}.")
         lines.append("")
     return lines
 
@@ -379,7 +379,7 @@ def milestone_section(
 
 
 def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3g}"
+    return figure(value, ".3g")
 
 
 def stop_section(history: Sequence[Row], criteria: Sequence[Criterion]) -> list[str]:
@@ -463,7 +463,7 @@ def eval_section(evals: Sequence[Row], memorising: Check) -> list[str]:
     else:
         verdict = "**Memorising.**" if memorising.ok is False else "No sign of memorising:"
         lines.append(
-            f"{verdict} `{memorising.metric}` = {memorising.value:.3g} over {memorising.span}, expected "
+            f"{verdict} `{memorising.metric}` = {_fmt(memorising.value)} over {memorising.span}, expected "
             f"{memorising.band}."
         )
     return [*lines, ""]

@@ -38,7 +38,7 @@ from problem_check import leave_out_broken
 from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_problem
 from prompts import build_prompt_messages
 from rewards import STAGES, RewardConfig, reference_program, score_batch
-from run_records import eval_row, quiet_libraries
+from run_records import eval_row, figure, quiet_libraries
 from settings import TrainConfig, looks_local, round_rows
 
 # Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
@@ -426,9 +426,9 @@ def comparison_totals(result: dict) -> str:
     return (
         f"{len(result['improved'])} improved, {len(result['regressed'])} regressed, "
         f"{result['unchanged']} unchanged of {result['common']} problems; pass rate "
-        f"{result['pass_a']:.1%} -> {result['pass_b']:.1%} ({points:+.1f} points)"
+        f"{result['pass_a']:.1%} -> {result['pass_b']:.1%} ({figure(points, '+.1f')} points)"
         f", mean reward {result['reward_a']:.3f} -> {result['reward_b']:.3f} "
-        f"({result['reward_b'] - result['reward_a']:+.3f})"
+        f"({figure(result['reward_b'] - result['reward_a'], '+.3f')})"
     )
 
 
@@ -447,10 +447,10 @@ def comparison_markdown(result: dict, label_a: str, label_b: str) -> str:
                 p["difficulty"],
                 f"{p['pass_a']:.0%}",
                 f"{p['pass_b']:.0%}",
-                f"{100 * p['pass_delta']:+.0f} pts",
+                f"{figure(100 * p['pass_delta'], '+.0f')} pts",
                 f"{p['reward_a']:.3f}",
                 f"{p['reward_b']:.3f}",
-                f"{p['reward_delta']:+.3f}",
+                figure(p["reward_delta"], "+.3f"),
             ]
             for p in result[title]
         ]

@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from run_records import SAMPLED_ZERO_STD
+from run_records import SAMPLED_ZERO_STD, figure
 
 Row = Mapping[str, float]
 Rows = list[dict[str, float]]  # one per logged step, in step order
@@ -159,7 +159,7 @@ class Criterion:
 
 
 def _num(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3g}"
+    return figure(value, ".3g")
 
 
 def numeric(row: Mapping[str, Any]) -> dict[str, float]:
@@ -458,7 +458,8 @@ def check_memorising(history: Sequence[Row], evals: Sequence[Row], knobs: Knobs)
 
     def gain(points: Sequence[tuple[float, float]]) -> float | None:
         per_epoch = slope(points)  # rounded below so that a flat line reads 0, not 1.5e-32
-        return None if per_epoch is None else round(per_epoch * span, 4)
+        # + 0.0 turns the -0.0 that rounding leaves of a flat line's -1.5e-32 into 0.0.
+        return None if per_epoch is None else round(per_epoch * span, 4) + 0.0
 
     train_gain = gain([(r["epoch"], r["reward"]) for r in history if first <= r.get("epoch", -1) <= last])
     pass_gain = gain([(e["epoch"], e[EVAL_PASS]) for e in window])
@@ -539,7 +540,7 @@ def stop_criteria(
             flat,
             "not judged: too short a stretch of the run"
             if trend is None
-            else f"reward trend {trend:+.3f} per epoch",
+            else f"reward trend {figure(trend, '+.3f')} per epoch",
         ),
     ]
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,6 +32,27 @@ def _num(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+NO_VALUE = "n/a"  # learning.log's and the reports' word for a metric without a value; analyze.py reads it
+
+
+def figure(value: Any, spec: str) -> str:
+    """`value` in the format `spec` (".3f", "+.3g"), for a log line or a report. A metric not logged,
+    or logged as NaN (TRL's entropy is a mean over no tokens when dynamic sampling trains no group in a step),
+    is NO_VALUE. A figure that rounds to zero prints unsigned: `-0` would read as a value below zero, and
+    the sign of a float that is zero but for its last bits differs from box to box."""
+    if value is None or not math.isfinite(float(value)):
+        return NO_VALUE
+    return format(float(value), _unsigned_zero(spec))
+
+
+def _unsigned_zero(spec: str) -> str:
+    """`spec` with the `z` option (Python 3.11: negative zero after rounding prints as 0), which goes after
+    the fill, the alignment and the sign."""
+    head = re.match(r"(.?[<>=^])?[-+ ]?", spec)
+    at = head.end() if head else 0
+    return spec[:at] + "z" + spec[at:]
+
+
 # With dynamic sampling, the share of *sampled* groups that tied: the seed's frac_zero_std.
 SAMPLED_ZERO_STD = "dynamic/frac_zero_std_sampled"
 
@@ -51,26 +73,27 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def format_log_line(logs: Mapping[str, Any], reward_name: str = "syntax_aware_reward") -> str:
-    """One learning.log line in the seed's format (a missing metric prints as nan). With dynamic sampling,
-    frac_zero_std is the share of sampled groups that tied (the seed's meaning; the trained ones never tie)
-    and `kept=K/N` ends the line: groups trained of groups sampled."""
-    m = {k: _num(logs.get(k)) for k in ("epoch", "loss", "grad_norm", "learning_rate", "entropy")}
-    r = {k: _num(logs.get(k)) for k in ("reward", "reward_std", "frac_reward_zero_std")}
-    own_mean = _num(logs.get(f"rewards/{reward_name}/mean"))
-    own_std = _num(logs.get(f"rewards/{reward_name}/std"))
+    """One learning.log line in the seed's format (a metric without a value prints as n/a). With dynamic
+    sampling, frac_zero_std is the share of sampled groups that tied (the seed's meaning; the trained ones
+    never tie) and `kept=K/N` ends the line: groups trained of groups sampled."""
     sampled = logs.get(SAMPLED_ZERO_STD)
-    frac = r["frac_reward_zero_std"] if sampled is None else _num(sampled)
+    frac = logs.get("frac_reward_zero_std") if sampled is None else sampled
     kept = (
         f"  kept={_count(logs['dynamic/groups_trained'])}/{_count(logs['dynamic/groups_sampled'])}"
         if sampled is not None
         else ""
     )
     return (
-        f"[Epoch {m['epoch']:.2f}]  loss={m['loss']:<7.4f}  grad={m['grad_norm']:.4f}  "
-        f"lr={m['learning_rate']:.2e}  reward={r['reward']:.3f}±{r['reward_std']:.3f}  "
-        f"syntax_rew={own_mean:.3f}±{own_std:.3f}  entropy={m['entropy']:.3f}  "
-        f"frac_zero_std={frac:.2f}{kept}"
+        f"[Epoch {figure(logs.get('epoch'), '.2f')}]  loss={figure(logs.get('loss'), '.4f'):<7}  "
+        f"grad={figure(logs.get('grad_norm'), '.4f')}  lr={figure(logs.get('learning_rate'), '.2e')}  "
+        f"reward={_mean_std(logs, 'reward', 'reward_std')}  "
+        f"syntax_rew={_mean_std(logs, f'rewards/{reward_name}/mean', f'rewards/{reward_name}/std')}  "
+        f"entropy={figure(logs.get('entropy'), '.3f')}  frac_zero_std={figure(frac, '.2f')}{kept}"
     )
+
+
+def _mean_std(logs: Mapping[str, Any], mean: str, std: str) -> str:
+    return f"{figure(logs.get(mean), '.3f')}±{figure(logs.get(std), '.3f')}"
 
 
 def _count(value: Any) -> str:
@@ -81,19 +104,19 @@ def _count(value: Any) -> str:
 
 def format_sft_line(logs: Mapping[str, Any]) -> str:
     """One sft/learning.log line: the loss and token accuracy on the answer tokens."""
-    m = {k: _num(logs.get(k)) for k in ("epoch", "loss", "mean_token_accuracy", "grad_norm", "learning_rate")}
     return (
-        f"[SFT Epoch {m['epoch']:.2f}]  loss={m['loss']:.4f}  token_acc={m['mean_token_accuracy']:.3f}  "
-        f"grad={m['grad_norm']:.4f}  lr={m['learning_rate']:.2e}"
+        f"[SFT Epoch {figure(logs.get('epoch'), '.2f')}]  loss={figure(logs.get('loss'), '.4f')}  "
+        f"token_acc={figure(logs.get('mean_token_accuracy'), '.3f')}  "
+        f"grad={figure(logs.get('grad_norm'), '.4f')}  lr={figure(logs.get('learning_rate'), '.2e')}"
     )
 
 
 def format_eval_line(row: Mapping[str, Any]) -> str:
     """One learning.log line for a held-out evaluation, from its metrics.jsonl row."""
-    stages = "  ".join(f"{s}={_num(row.get(f'eval/stages/{s}')):.2f}" for s in STAGES)
+    stages = "  ".join(f"{s}={figure(row.get(f'eval/stages/{s}'), '.2f')}" for s in STAGES)
     return (
-        f"[Eval Epoch {_num(row.get('epoch')):.2f}]  step={row['step']}  problems={row['eval/problems']}  "
-        f"samples={row['eval/samples']}  pass@1={row['eval/pass@1']:.3f}  "
+        f"[Eval Epoch {figure(row.get('epoch'), '.2f')}]  step={row['step']}  "
+        f"problems={row['eval/problems']}  samples={row['eval/samples']}  pass@1={row['eval/pass@1']:.3f}  "
         f"reward={row['eval/reward']:.3f}±{row['eval/reward_std']:.3f}  {stages}"
     )
 
@@ -205,7 +228,7 @@ def model_card(
         for f in dataclasses.fields(cfg)
         if "env" in f.metadata and getattr(cfg, f.name) != f.default
     ]
-    metrics = [f"| {name} | {_num(last.get(key)):.4g} |" for name, key in CARD_METRICS if key in last]
+    metrics = [f"| {name} | {figure(last.get(key), '.4g')} |" for name, key in CARD_METRICS if key in last]
     lines = [
         "---",
         f"base_model: {model_id}",
@@ -225,7 +248,7 @@ def model_card(
         "|---|---|---|",
         *(changed or ["| (none) | | |"]),
         "",
-        f"## Last metrics (step {last.get('step', 'n/a')}, epoch {_num(last.get('epoch')):.2f})",
+        f"## Last metrics (step {last.get('step', 'n/a')}, epoch {figure(last.get('epoch'), '.2f')})",
         "",
         "| metric | value |",
         "|---|---|",

@@ -105,13 +105,13 @@ def parse_config(
         if sources["model_id"] != "flag":  # run_demo builds it there
             cfg = dataclasses.replace(cfg, model_id=str(Path(cfg.output_dir) / "tiny-model"))
             sources["model_id"] = "demo"
+    check_paths(cfg, sources)  # before auto's sampler, which imports torch where a GPU shows: no error does
     # Resolved here, so that --print-config and learning.log's header show what auto became; the source
     # "auto" tells the compiled sampler that a failed compile may fall back to plain sampling.
     generation, _ = generation_choice(cfg.generation, environ)  # a refused explicit `compiled` stops here
     if cfg.generation == "auto":
         cfg = dataclasses.replace(cfg, generation=generation)
         sources["generation"] = "auto"
-    check_paths(cfg, sources)
     return cfg, sources
 
 

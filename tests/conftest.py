@@ -1,6 +1,15 @@
-"""Shared test set-up. Nothing is skipped silently: without OCaml the whole run fails and says why."""
+"""Shared test set-up. Nothing is skipped silently: without OCaml the whole run fails and says why; tests
+marked `gpu` run where torch sees CUDA and are listed as skipped, with one reason line, elsewhere.
 
+Helpers that two test files need live here too (the compile that fails on any device, the small held-out
+set, a train.py subprocess, the preflight's lines)."""
+
+from __future__ import annotations
+
+import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -8,6 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+GPU_SKIP_REASON = "needs CUDA: torch sees no GPU (the gpu layer runs on a GPU box: docs/troubleshooting.md)"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -17,6 +28,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             f"OCaml toolchain missing ({', '.join(missing)} not on PATH): run `make install`",
             returncode=1,
         )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The `gpu` layer is skipped, with one reason, where torch sees no CUDA device; torch is asked only when
+    such a test was collected."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for item in gpu_tests:
+        item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +61,143 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """dynamo's caches emptied, so that a test sees its own compilations."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A compile that fails on any device
+
+
+COMPILE_ERROR = "Cannot find a working triton installation"
+
+
+def no_triton(graph, example_inputs):
+    """A torch.compile backend that fails as inductor does on a box without triton or a C compiler."""
+    raise RuntimeError(f"{COMPILE_ERROR}\nmore detail")
+
+
+@pytest.fixture
+def failing_compile(monkeypatch):
+    """Every compile the compiled sampler asks for fails, on the CPU and on CUDA alike: the sampler takes its
+    compile settings for every device from generation.compile_config, which names the failing backend here.
+    Everything else the sampler does (the static cache, the model state, the fallback) stays as it is."""
+    from transformers import CompileConfig
+
+    import generation
+
+    def failing_backend(device) -> CompileConfig:
+        config = CompileConfig(backend=no_triton, mode=None)
+        config._compile_all_devices = True  # transformers' switch for compiling on the CPU
+        return config
+
+    monkeypatch.setattr(generation, "compile_config", failing_backend)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Runs
+
+
+def small_held_out_set(path: Path) -> Path:
+    """Three held-out problems (fewer than a round's four completions) and one whose prompt is over
+    GRPO_MAX_PROMPT: shapes that compiled a second graph before."""
+    from problems import HELDOUT_PROBLEMS
+
+    rows = [json.loads(line) for line in HELDOUT_PROBLEMS.read_text(encoding="utf-8").splitlines()[:4]]
+    rows[3]["prompt"] = rows[3]["prompt"].replace("(**", "(** " + "Take care. " * 400, 1)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def user_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment less the project's settings (a shell's .envrc must not change a test's
+    run), plus `env`. PYTHONPATH is kept: on a box whose packages come from it, a child needs it too."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "TRAINING_", "SFT_"))}
+    return {**clean, **(env or {})}
+
+
+def run_train_py(args: list[str], env: dict[str, str] | None = None, timeout: float = 60):
+    """train.py as a user runs it, with only the given settings in the environment."""
+    return subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env=user_environment(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+STATUSES = ("ok    ", "FAIL  ", "skip  ")
+
+
+def check_lines(out: str) -> dict[str, str]:
+    """{check name: its line} of a `train.py --check` report, after asserting every line's form."""
+    *lines, verdict = out.strip().splitlines()
+    assert all(line.startswith(STATUSES) for line in lines), out
+    assert verdict.startswith(("all checks passed in ", "1 check(s) failed", "2 check(s) failed")), out
+    return {line[6:].split(":")[0]: line for line in lines}
+
+
+def compiled_run_flags(tiny_model: Path, out: Path, held_out: Path, checkpointing: str) -> list[str]:
+    """train.py's flags for three steps of the tiny model with the compiled sampler and a held-out evaluation
+    at steps 0, 2 and 3 on `held_out` (small_held_out_set)."""
+    from problems import BUNDLED_PROBLEMS
+
+    return [
+        *("--model-id", str(tiny_model), "--training-dataset", str(BUNDLED_PROBLEMS)),
+        *("--output-dir", str(out), "--max-steps", "3", "--save-steps", "5"),
+        *("--batch-size", "2", "--num-generations", "2", "--max-completion", "12"),
+        *("--lora-r", "4", "--lora-alpha", "8"),
+        *("--eval-dataset", str(held_out), "--eval-holdout", "0"),
+        *("--eval-steps", "2", "--eval-samples", "1"),
+        *("--generation", "compiled", "--gradient-checkpointing", checkpointing),
+    ]
+
+
+def compile_notes(log: list[str]) -> list[str]:
+    """learning.log's lines about a compile of the sampler: its note after the first, a WARNING for any
+    later one."""
+    return [line for line in log if "compiled:" in line or "recompiled" in line]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The sampler against the trainer's forward
+
+# Max |sampler - trainer| per-token log-probability. Measured on the 2-core development machine: 1e-6 in
+# float32, 2.2e-3 in bf16 (bf16 base weights; the trainer's float32 LoRA against the sampler's bf16 copy of
+# it; the GPU adds bf16 autocast: bench/train_step.py measures it there). The LoRA given an effect moves
+# them by 0.39.
+LOGPROB_TOLERANCE = {"float32": 1e-4, "bf16": 0.03}
+SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def bf16_peft(tiny_model: Path, device: str = "cpu"):
+    """The tiny model in bf16 on `device`, with an (untrained) LoRA r 8 on all seven projections."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).to(device)
+    return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=SEVEN, task_type="CAUSAL_LM"))
+
+
+def solution_batch(tokenizer, device, tokens: int = 40):
+    """(prompt ids, attention mask, completion ids) on `device`: two bundled problems' prompts as TRL batches
+    them (of different lengths, left-padded) and the first `tokens` tokens of their reference solutions."""
+    import torch
+
+    from bench.train_step import prompt_batch
+    from problems import BUNDLED_PROBLEMS, load_problems
+
+    problems = load_problems(str(BUNDLED_PROBLEMS))[:2]
+    ids, mask = prompt_batch(tokenizer, problems)
+    completion = torch.tensor([tokenizer(p["solution"])["input_ids"][:tokens] for p in problems])
+    return ids.to(device), mask.to(device), completion.to(device)

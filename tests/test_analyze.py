@@ -2,6 +2,7 @@
 with held-out evaluations. The logs are written with train.py's own formatters so the formats cannot drift."""
 
 import json
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -204,6 +205,22 @@ def test_a_run_that_climbs_while_frac_zero_std_falls_is_green(tmp_path: Path) ->
     assert (result.status, result.decision) == ("green", "continue"), result.markdown
     assert "**Healthy.**" in result.markdown and "export " not in result.markdown
     assert "60 logged steps with rewards, from metrics.jsonl" in result.markdown
+
+
+@pytest.mark.parametrize("metrics", [True, False], ids=["metrics.jsonl", "learning.log"])
+def test_steps_without_an_entropy_are_left_out_not_read_as_a_collapse(tmp_path: Path, metrics: bool) -> None:
+    """Steps in which dynamic sampling trained no group: TRL logs the entropy as NaN, learning.log says
+    entropy=n/a; from either file the report judges the entropy of the other steps, and finds it healthy."""
+    rows = metrics_rows(60, 1.0, reward=lambda e: 0.05 + 0.5 * e, frac=lambda e: round(0.5 * (1 - e) ** 3, 2))
+    for r in rows[::4]:
+        r["entropy"] = math.nan
+    folder = write_run(tmp_path, rows, metrics=metrics)
+    assert "  entropy=n/a  " in (folder / "learning.log").read_text(encoding="utf-8")
+    run = analyze.load_run(folder)
+    assert len(run.history) == 60 and sum("entropy" in r for r in run.history) == 45
+    result = analyze.analyze(run)
+    assert (result.status, result.decision) == ("green", "continue"), result.markdown
+    assert "Unstable entropy" not in result.markdown and "nan" not in result.markdown
 
 
 def test_a_run_still_collapsed_at_epoch_one_is_red_stop(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
 """bench/train_step.py --tiny: train.py's real GRPO runs on the tiny model, plain and compiled sampling in one
-invocation, timed and tabulated, with the compiled sampler's checks."""
+invocation, timed and tabulated, with the compiled sampler's checks. `--tiny` is the CPU's smoke run, so the
+bench is given no GPU even on a box that has one: the device column, the float32 agreement and its
+tolerance are the CPU's."""
 
+import os
 import re
 import subprocess
 import sys
@@ -27,6 +30,7 @@ def test_tiny_runs_print_one_row_per_sampling_path_and_the_checks() -> None:
     result = subprocess.run(
         [sys.executable, "bench/train_step.py", "--tiny", "--steps", "2", "--gradient-checkpointing", "off"],
         cwd=ROOT,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},  # torch (and libcuda) see no GPU
         capture_output=True,
         text=True,
         timeout=600,

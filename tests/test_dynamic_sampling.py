@@ -214,6 +214,30 @@ def test_a_step_with_only_tied_groups_spends_the_round_cap_and_changes_no_weight
     assert any("tied, so the step changes no weight" in n for n in t.notes)
 
 
+def test_a_step_that_trained_no_group_prints_entropy_n_a_which_the_readers_take_as_no_value(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """TRL logs no entropy for a step in which every sampled group tied, or NaN (its mean over no tokens: the
+    H100 box's learning.log said entropy=nan). learning.log prints n/a, analyze.py reads the line without an
+    entropy, and the monitor's row has none either."""
+    import math
+
+    import analyze
+    import monitor
+    from run_records import format_log_line
+
+    t = trainer(tiny_model, tmp_path, DesignedReward(set(NAMES), 2), max_steps=1, max_rounds=1)
+    t.train()
+    [step] = logged(t)
+    assert step["dynamic/groups_trained"] == 0 and math.isnan(step.get("entropy", math.nan))
+    for logs in (step, step | {"entropy": math.nan}):
+        line = format_log_line(logs, DesignedReward.__name__)
+        assert "  entropy=n/a  " in line and line.endswith("kept=0/4"), line
+        parsed = analyze.parse_log_line(line)
+        assert parsed is not None and parsed["reward"] == 1.0 and "entropy" not in parsed
+        assert "entropy" not in monitor.numeric(logs)
+
+
 def test_the_benchs_fill_arm_tops_a_short_step_up_with_the_best_dropped_groups(
     tiny_model: Path, tmp_path: Path
 ):
@@ -419,12 +443,16 @@ def test_two_processes_train_equal_shapes_under_accelerate_launch(tiny_model: Pa
     import subprocess
     import sys
 
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "TRAINING_"))}
+    from conftest import ROOT, user_environment  # here: the launched processes run this file as a script
+
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    # The project's modules for the launched script, and the caller's PYTHONPATH after them: where the
+    # packages come from it (pip --target), the processes need it to import trl at all.
+    python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     result = subprocess.run(
         [*launch, __file__, str(tiny_model), str(tmp_path)],
-        env={**clean, "ACCELERATE_USE_CPU": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env=user_environment({"ACCELERATE_USE_CPU": "1", "PYTHONPATH": python_path}),
         capture_output=True,
         text=True,
         timeout=300,

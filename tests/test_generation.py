@@ -4,90 +4,35 @@ stops with one line when a compile fails, and runs GRPO; the GRPO_GENERATION and
 settings."""
 
 import dataclasses
-import json
+import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from torch._dynamo.utils import counters
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2Config
-from trl import GRPOTrainer
 
-import generation
 import settings
 import train
-from bench.train_step import QWEN_CODER_1_5B, give_lora_an_effect, prompt_batch, trainer_logprobs
+from bench.train_step import QWEN_CODER_1_5B, give_lora_an_effect, prompt_batch
+from conftest import (
+    COMPILE_ERROR,
+    SEVEN,
+    bf16_peft,
+    compile_notes,
+    compiled_run_flags,
+    small_held_out_set,
+)
 from generation import CompiledSampler, gradient_checkpointing, update_peak_bytes
-from problems import BUNDLED_PROBLEMS, HELDOUT_PROBLEMS, load_problems
+from problems import BUNDLED_PROBLEMS, load_problems
 
-SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread_and_fresh_dynamo():
-    """One thread, as the demo; and dynamo's caches emptied, so each test sees its own compilations."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch._dynamo.reset()
-    yield
-    torch.set_num_threads(threads)
-
-
-def zero_reward(completions, **kwargs) -> list[float]:
-    return [0.0] * len(completions)
-
-
-# Measured on the 2-core development machine: 1e-6 in float32, 1.6e-3 in bf16 (bf16 base weights, float32
-# LoRA as PEFT makes it; the GPU adds bf16 autocast: bench/train_step.py measures it there). The LoRA moves
-# them by 0.39.
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.03}
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
-def test_sampler_logprobs_match_the_trainers_forward(tiny_model: Path, tmp_path: Path, dtype) -> None:
-    cfg, _ = train.parse_config(
-        [
-            *("--model-id", str(tiny_model), "--output-dir", str(tmp_path)),
-            *("--lora-r", "8", "--lora-alpha", "16"),
-            *("--report-to", "none"),  # no tracker: TRL's profiling would log to one never started
-        ],
-        {},
-    )
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    trainer = GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype),
-        reward_funcs=[zero_reward],
-        args=train.grpo_args(cfg, use_bf16=False),  # what train.py passes on a CPU
-        train_dataset=Dataset.from_list([{"prompt": "let f x ="}] * 4),
-        processing_class=tokenizer,
-        peft_config=train.lora_config(cfg),
-    )
-    model = trainer.model
-    give_lora_an_effect(model, std=0.05)
-    problems = load_problems(str(BUNDLED_PROBLEMS))[:2]  # prompts of different lengths
-    ids, mask = prompt_batch(tokenizer, problems)
-    completion = torch.tensor([tokenizer(p["solution"])["input_ids"][:40] for p in problems])
-    sampler = CompiledSampler(cfg.max_prompt_length, log=lambda line: None)
-
-    sampled = sampler.token_logprobs(model, ids, mask, completion, trainer.generation_config)
-    trained = trainer_logprobs(trainer, ids, mask, completion)
-    with model.disable_adapter():
-        base = trainer_logprobs(trainer, ids, mask, completion)
-    difference = (sampled - trained).abs().max().item()
-    lora_effect = (base - trained).abs().max().item()
-    print(
-        f"\n{dtype}: max |sampler - trainer| log-prob {difference:.2e}; the LoRA's effect {lora_effect:.2f}"
-    )
-    assert difference < TOLERANCE[dtype]
-    assert lora_effect > 10 * TOLERANCE[dtype]  # the test would see a sampler that left the LoRA out
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "fresh_dynamo")
 
 
 @pytest.fixture
 def bf16_peft_model(tiny_model: Path):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
-    return get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=SEVEN, task_type="CAUSAL_LM"))
+    return bf16_peft(tiny_model)
 
 
 def base_weights(model) -> dict[str, torch.Tensor]:
@@ -207,17 +152,6 @@ def test_any_prompt_length_and_a_short_batch_share_one_compile(bf16_peft_model, 
     assert lines[-1].startswith("WARNING sampling recompiled (2 compiles this run; TORCH_LOGS=recompiles")
 
 
-@torch._dynamo.register_backend
-def no_triton(graph, example_inputs):
-    """A torch.compile backend that fails as inductor does on a box without triton or a C compiler."""
-    raise RuntimeError("Cannot find a working triton installation\nmore detail")
-
-
-@pytest.fixture
-def failing_compile(monkeypatch):
-    monkeypatch.setattr(generation, "CPU_BACKEND", "no_triton")
-
-
 def test_a_failing_compile_under_auto_samples_plain_from_then_on(
     bf16_peft_model, tiny_model: Path, failing_compile
 ) -> None:
@@ -235,8 +169,7 @@ def test_a_failing_compile_under_auto_samples_plain_from_then_on(
         assert out.shape == (3, 15) and torch.equal(out[:, :10], ids)
     assert lines == [
         "compiling the sampler (once per run)...",
-        "sampling: compiled sampler failed (RuntimeError: Cannot find a working triton installation); "
-        "sampling with plain from here",
+        f"sampling: compiled sampler failed (RuntimeError: {COMPILE_ERROR}); sampling with plain from here",
     ]
     assert model.training and all(torch.equal(before[n], p) for n, p in base_weights(model).items())
 
@@ -255,8 +188,7 @@ def test_a_run_on_auto_goes_on_with_plain_when_the_compile_fails(
     assert "#   generation = compiled  (auto)" in log
     failed = [line for line in log if "compiled sampler failed" in line]
     assert failed == [
-        "# sampling: compiled sampler failed (RuntimeError: Cannot find a working triton installation); "
-        "sampling with plain from here"
+        f"# sampling: compiled sampler failed (RuntimeError: {COMPILE_ERROR}); sampling with plain from here"
     ]
     assert sum(line.startswith("[Epoch") for line in log) == 2
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
@@ -292,29 +224,13 @@ def test_a_round_twice_as_slow_per_step_is_a_warning() -> None:
     ]
 
 
-def small_held_out_set(path: Path) -> Path:
-    """Three held-out problems (fewer than a round's four completions) and one whose prompt is over
-    GRPO_MAX_PROMPT: shapes that compiled a second graph before."""
-    rows = [json.loads(line) for line in HELDOUT_PROBLEMS.read_text(encoding="utf-8").splitlines()[:4]]
-    rows[3]["prompt"] = rows[3]["prompt"].replace("(**", "(** " + "Take care. " * 400, 1)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
 @pytest.mark.parametrize("checkpointing", ["on", "off"])
 def test_a_run_with_held_out_evaluation_compiles_once(
     tiny_model: Path, tmp_path: Path, checkpointing: str
 ) -> None:
     graphs = counters["stats"]["unique_graphs"]
-    flags = [
-        *("--model-id", str(tiny_model), "--training-dataset", str(BUNDLED_PROBLEMS)),
-        *("--output-dir", str(tmp_path / "run"), "--max-steps", "3", "--save-steps", "5"),
-        *("--batch-size", "2", "--num-generations", "2", "--max-completion", "12"),
-        *("--lora-r", "4", "--lora-alpha", "8"),
-        *("--eval-dataset", str(small_held_out_set(tmp_path / "held.jsonl")), "--eval-holdout", "0"),
-        *("--eval-steps", "2", "--eval-samples", "1"),
-        *("--generation", "compiled", "--gradient-checkpointing", checkpointing),
-    ]
+    held_out = small_held_out_set(tmp_path / "held.jsonl")
+    flags = compiled_run_flags(tiny_model, tmp_path / "run", held_out, checkpointing)
     assert train.main(flags, environ={}) == 0
     log = (tmp_path / "run" / "learning.log").read_text(encoding="utf-8").splitlines()
     assert f"# sampling: compiled; gradient checkpointing: {checkpointing} (as set)" in log
@@ -327,7 +243,7 @@ def test_a_run_with_held_out_evaluation_compiles_once(
     assert log.index("# compiling the sampler (once per run)...") < min(
         i for i, line in enumerate(log) if line.startswith("[Eval")
     )
-    compiles = [line for line in log if "compiled:" in line or "recompiled" in line]
+    compiles = compile_notes(log)
     assert len(compiles) == 1 and "compiled: 1 graph(s) for 4 sequences x 716 cache positions" in compiles[0]
     assert counters["stats"]["unique_graphs"] - graphs == 1
     assert sum(line.startswith("[Epoch") for line in log) == 3
@@ -336,16 +252,35 @@ def test_a_run_with_held_out_evaluation_compiles_once(
 
 
 def test_auto_is_compiled_only_where_torch_can_compile_for_cuda(monkeypatch) -> None:
-    assert settings.generation_choice("auto", {}) == ("plain", "auto: no CUDA device")
+    """Each answer of the device probes, whatever this box has: settings asks libcuda first (no torch import
+    where it shows no GPU), then torch, then whether triton is installed."""
     assert [settings.generation_choice(c, {})[0] for c in ("plain", "compiled", "vllm")] == [
         "plain",
         "compiled",
         "vllm",
     ]
-    # A driver that shows a GPU to a torch that cannot use it (this box's CPU-only wheel): plain.
+    monkeypatch.setattr(settings, "_cuda_visible", lambda: False)  # no driver, or no device
+    assert settings.generation_choice("auto", {}) == ("plain", "auto: no CUDA device")
+    # A driver that shows a GPU to a torch that cannot use it (a CPU-only wheel, a driver too old): plain.
     monkeypatch.setattr(settings, "_cuda_visible", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     path, why = settings.generation_choice("auto", {})
     assert path == "plain" and why.startswith(f"auto: the driver shows a GPU but torch {torch.__version__}")
+    # torch sees the GPU: compiled where triton, inductor's GPU code generator, is installed.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    find_spec = importlib.util.find_spec
+    for triton_found in (False, True):
+
+        def triton_as_set(name: str, *args, found: bool = triton_found):
+            return (find_spec("pytest") if found else None) if name == "triton" else find_spec(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", triton_as_set)
+        expected = (
+            ("compiled", "auto: torch compiles for CUDA here")
+            if triton_found
+            else ("plain", "auto: triton (torch.compile's GPU code generator) is not installed")
+        )
+        assert settings.generation_choice("auto", {}) == expected
 
 
 REFUSED = [

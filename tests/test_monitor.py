@@ -368,6 +368,46 @@ def test_monitor_warns_live_once_when_evaluations_show_memorising() -> None:
     assert memorising[0].endswith("Try GRPO_LEARNING_RATE=2.5e-6")
 
 
+def test_a_flat_held_out_line_reads_gain_0_whatever_the_sign_of_its_rounding() -> None:
+    """pass@1 flat but for the last bit of one value: the least-squares gain is about -1e-17, which rounds to
+    -0.0 (what another box's arithmetic gave on a line flat to the eye). The check and its line say 0."""
+    flat = evals(gained(0.0), gained(0.0))
+    flat[-1]["eval/pass@1"] = math.nextafter(flat[-1]["eval/pass@1"], 0.0)  # 0.1 less one bit
+    check = monitor.check_memorising(healthy(), flat[-3:], Knobs())
+    assert check.value == 0.0 and math.copysign(1.0, check.value) == 1.0
+    assert check.ok is False
+    line = check.warning_line(1.0, 10)
+    assert line.startswith("WARNING [Epoch 1.00] eval pass@1 gain=0 over 3 evaluations") and "-0" not in line
+
+
+def test_figures_that_round_to_zero_print_unsigned_and_real_negatives_keep_their_sign() -> None:
+    assert [monitor._num(v) for v in (-0.0, -1e-9, -0.0004, 0.25, None, math.nan)] == [
+        "0",
+        "-1e-09",  # three significant digits: a value, not a rounded zero
+        "-0.0004",
+        "0.25",
+        "n/a",
+        "n/a",
+    ]
+    flat = [row(i / 40, 0.1, 0.0) for i in range(1, 41)]
+    assert monitor.stop_criteria(flat)[-1].evidence == "reward trend +0.000 per epoch"
+
+
+def test_steps_that_trained_no_group_log_no_entropy_and_no_check_reads_that_as_a_collapse() -> None:
+    """Where dynamic sampling drops every group of a step, TRL logs the entropy as NaN (its mean over no
+    tokens) or not at all: those steps have no entropy, and the checks judge the others."""
+    rows = healthy(steps=40)
+    for i in range(0, 40, 3):
+        rows[i]["entropy"] = math.nan
+    del rows[1]["entropy"]
+    lines, control = replay(rows, stop=True)
+    assert not any("entropy" in line for line in lines), lines
+    assert not control.should_training_stop
+    every_step_dropped = [r | {"entropy": math.nan, "step": i} for i, r in enumerate(healthy(steps=40), 1)]
+    checks = {c.name: c for c in monitor.run_checks(monitor.metric_history(every_step_dropped)[0])}
+    assert [checks[name].ok for name in ("entropy_low", "entropy_high", "entropy_swing")] == [None] * 3
+
+
 def test_a_resumed_grpo_run_gives_the_monitor_each_step_once(tmp_path: Path, tiny_model: Path) -> None:
     """Real TRL: 7 steps with checkpoint-5 (as if killed at step 7), then --resume from checkpoint-5 to step 9
     with a new monitor given the first run's log events, as train.py reads them back from metrics.jsonl."""

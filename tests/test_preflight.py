@@ -1,24 +1,36 @@
-"""`python train.py --check` (preflight.py) on this CPU box, with the demo's tiny model: the real toolchain,
-sandbox, reward, datasets, tokenizer and sampler; one line per check; a FAIL naming the setting to change."""
+"""`python train.py --check` (preflight.py) on this box, CPU or GPU, with the demo's tiny model: the real
+toolchain, sandbox, reward, datasets, tokenizer and sampler; one line per check; a FAIL naming the setting to
+change. tests/test_gpu.py runs it as a user does on a GPU box."""
 
 import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 import preflight
+import settings
 import train
+from conftest import STATUSES, check_lines
 from problems import BUNDLED_PROBLEMS, ROOT
 
-STATUSES = ("ok    ", "FAIL  ", "skip  ")
 
-
-def check_lines(out: str) -> dict[str, str]:
-    """{check name: its line} of the report, after asserting every line's form."""
-    *lines, verdict = out.strip().splitlines()
-    assert all(line.startswith(STATUSES) for line in lines), out
-    assert verdict.startswith(("all checks passed in ", "1 check(s) failed", "2 check(s) failed")), out
-    return {line[6:].split(":")[0]: line for line in lines}
+def device_lines() -> tuple[str, str, str]:
+    """What the device, model and sampler lines start with or hold on this box: the GPU checks are `ok` where
+    torch sees CUDA (and the sampler compiles with inductor there), `skip` on the CPU."""
+    if torch.cuda.is_available():
+        return (
+            f"ok    device: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, ",
+            "sampling compiled (auto: torch compiles for CUDA here)",
+            "(inductor)",
+        )
+    # A driver may show a GPU to a torch that cannot use it (a CPU-only wheel): auto says which.
+    why = "the driver shows a GPU but torch" if settings._cuda_visible() else "no CUDA device"
+    return (
+        "skip  device: no CUDA device for torch",
+        f"sampling plain (auto: {why}",
+        "(dynamo with the eager backend on the CPU)",
+    )
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -46,9 +58,11 @@ def test_the_check_passes_on_this_box(tiny_model: Path, tmp_path: Path, capsys) 
         f"ok    training data: TRAINING_DATASET={BUNDLED_PROBLEMS}: 50 usable problems; 0 prompts over "
         "GRPO_MAX_PROMPT=704 tokens"
     )
-    assert lines["device"].startswith("skip  device: no CUDA device for torch")  # this box has no GPU
-    assert "sampling plain (auto: no CUDA device)" in lines["model"]
+    device, sampling, backend = device_lines()
+    assert lines["device"].startswith(device)
+    assert sampling in lines["model"]
     assert lines["sampler"].startswith("ok    sampler: compiled against plain on a 2-layer random qwen2")
+    assert backend in lines["sampler"]
     assert lines["output"] == f"ok    output: {tmp_path / 'out'}: writable, no earlier run's checkpoints"
 
 

@@ -14,19 +14,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 
 import train
-from bench.train_step import give_lora_an_effect, prompt_batch, trainer_logprobs
+from bench.train_step import give_lora_an_effect, trainer_logprobs
+from conftest import LOGPROB_TOLERANCE, solution_batch
 from generation import CompiledSampler
-from problems import BUNDLED_PROBLEMS, load_problems
 
-# bf16: the sampler's LoRA is multiplied in bf16, the trainer's (without autocast on the CPU) in float32.
-# Measured here: 1e-6 in float32, 2.2e-3 in bf16, against a LoRA effect of 0.39.
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.03}
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "fresh_dynamo")
+
+TOLERANCE = {torch.float32: LOGPROB_TOLERANCE["float32"], torch.bfloat16: LOGPROB_TOLERANCE["bf16"]}
 PROMPT_BUDGET = 64
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread_and_fresh_dynamo(one_torch_thread):
-    torch._dynamo.reset()
 
 
 def zero_reward(completions, **kwargs) -> list[float]:
@@ -38,7 +33,8 @@ def lora_trainer(tiny_model: Path, output_dir: Path, dtype: torch.dtype) -> GRPO
     cfg, _ = train.parse_config(
         [
             *("--model-id", str(tiny_model), "--output-dir", str(output_dir)),
-            *("--lora-r", "8", "--lora-alpha", "16", "--report-to", "none"),
+            *("--lora-r", "8", "--lora-alpha", "16"),
+            *("--report-to", "none"),  # no tracker: TRL's profiling would log to one never started
         ],
         {},
     )
@@ -52,16 +48,6 @@ def lora_trainer(tiny_model: Path, output_dir: Path, dtype: torch.dtype) -> GRPO
     )
     give_lora_an_effect(trainer.model, std=0.05)
     return trainer
-
-
-def scored_batch(trainer: GRPOTrainer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Two prompts of different lengths and 40 tokens of their solutions, on the model's device."""
-    tokenizer = trainer.processing_class
-    problems = load_problems(str(BUNDLED_PROBLEMS))[:2]
-    ids, mask = prompt_batch(tokenizer, problems)
-    completion = torch.tensor([tokenizer(p["solution"])["input_ids"][:40] for p in problems])
-    device = trainer.model.device
-    return ids.to(device), mask.to(device), completion.to(device)
 
 
 def optimizer_step(trainer: GRPOTrainer, ids: torch.Tensor, mask: torch.Tensor, lr: float) -> None:
@@ -84,15 +70,23 @@ def test_after_an_optimizer_step_the_sampler_samples_the_new_weights(
 ) -> None:
     trainer = lora_trainer(tiny_model, tmp_path, dtype)
     model, config = trainer.model, trainer.generation_config
-    ids, mask, completion = scored_batch(trainer)
+    ids, mask, completion = solution_batch(trainer.processing_class, trainer.model.device)
     sampler = CompiledSampler(PROMPT_BUDGET, log=lambda line: None)
     before = sampler.token_logprobs(model, ids, mask, completion, config)  # compiles; the copies made
     addresses = {id(weight): copy.data_ptr() for weight, copy in sampler.lora_copies.items()}
+    trained_before = trainer_logprobs(trainer, ids, mask, completion)
+    with model.disable_adapter():
+        base = trainer_logprobs(trainer, ids, mask, completion)
+    gap, effect = max_difference(before, trained_before), max_difference(base, trained_before)
+    print(f"\n{dtype}: max |sampler - trainer| log-prob {gap:.2e}; the LoRA's effect {effect:.2f}", end="")
+    assert gap < TOLERANCE[dtype]
+    assert effect > 10 * TOLERANCE[dtype]  # the test would see a sampler that left the LoRA out
 
     optimizer_step(trainer, ids, mask, lr=1e-2)
     after = sampler.token_logprobs(model, ids, mask, completion, config)
     trained = trainer_logprobs(trainer, ids, mask, completion)
 
+    print(f"; after the step {max_difference(after, trained):.2e}")
     assert max_difference(after, trained) < TOLERANCE[dtype]
     assert max_difference(before, trained) > 10 * TOLERANCE[dtype]  # a stale sampler would fail the above
     assert sampler.compiles == 1  # new weights, same graph: the step reads them on every call
@@ -106,7 +100,7 @@ def test_after_an_optimizer_step_the_sampler_samples_the_new_weights(
 def test_a_state_the_skipped_guards_would_catch_compiles_again(tiny_model: Path, tmp_path: Path) -> None:
     trainer = lora_trainer(tiny_model, tmp_path / "first", torch.float32)
     model, config = trainer.model, trainer.generation_config
-    ids, mask, completion = scored_batch(trainer)
+    ids, mask, completion = solution_batch(trainer.processing_class, trainer.model.device)
     lines: list[str] = []
     sampler = CompiledSampler(PROMPT_BUDGET, log=lines.append)
 

@@ -9,24 +9,13 @@ import sys
 import pytest
 
 import config
+import settings
+from conftest import run_train_py
 from problems import ROOT
 from settings import TrainConfig
 from train import build_parser, grpo_args, main, parse_config
 
 CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"  # holds the generated settings table
-
-
-def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    """train.py as a user runs it, with only the given settings in the environment."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "LORA_", "TRAINING_"))}
-    return subprocess.run(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        env={**clean, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_flag_beats_env_beats_default() -> None:
@@ -117,41 +106,97 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize(("name", "raw", "expected"), BAD_VALUES, ids=[f"{n}={r}" for n, r, _ in BAD_VALUES])
 def test_bad_value_stops_with_one_line_naming_it(name: str, raw: str, expected: str) -> None:
-    result = run_cli([], {name: raw})
+    result = run_train_py([], {name: raw})
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith(f"error: {name}={raw!r}: {expected}")
     assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
 def test_bad_flag_value_names_the_variable_too() -> None:
-    result = run_cli(["--num-generations", "six"], {})
+    result = run_train_py(["--num-generations", "six"], {})
     assert result.returncode == 2
     assert result.stderr == "error: GRPO_NUM_GENERATIONS='six': expected an integer >= 2\n"
 
 
 def test_few_shot_example_below_full_marks_stops_before_the_model_loads() -> None:
     # With a 20-line gate the prompt's own example would score 0: it would teach what the reward punishes.
-    result = run_cli(["--training-dataset", "data/problems.jsonl"], {"MIN_NON_EMPTY_LINES": "20"})
+    result = run_train_py(["--training-dataset", "data/problems.jsonl"], {"MIN_NON_EMPTY_LINES": "20"})
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith("error: few-shot example 'to_list' scores 0.00")
 
 
 def test_resume_without_checkpoint_is_one_line(tmp_path) -> None:
-    result = run_cli(["--resume", "--output-dir", str(tmp_path)], {})
+    result = run_train_py(["--resume", "--output-dir", str(tmp_path)], {})
     assert result.returncode == 2
     assert result.stderr == f"error: --resume: no checkpoint-* folder in GRPO_OUTPUT_DIR={str(tmp_path)!r}\n"
 
 
-def test_config_errors_never_import_torch() -> None:
-    code = (
-        "import sys, train\n"
-        "assert train.main(['--print-config'], {}) == 0\n"
-        "assert train.main([], {'GRPO_NUM_GENERATIONS': 'six'}) == 2\n"
-        "heavy = [m for m in ('torch', 'transformers', 'trl', 'peft') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
+# Run in a fresh interpreter: records the call stack of the first import of each heavy module (a meta path
+# finder sees every import before it happens), so that a failure says which line of which module imported it.
+WATCH_IMPORTS = """
+import json, sys, traceback
+HEAVY = ("torch", "transformers", "trl", "peft")
+first_import = {}
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name in HEAVY and name not in first_import:
+            first_import[name] = "".join(traceback.format_stack()[:-1])
+        return None  # the import itself goes on as usual
+
+sys.meta_path.insert(0, Watch())
+import train
+exit_status = train.main(json.loads(sys.argv[1]), json.loads(sys.argv[2]))
+print(json.dumps({"exit": exit_status, "imported": first_import}))
+"""
+
+
+def heavy_imports(argv: list[str], environ: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """train.main(argv, environ)'s exit status in a fresh interpreter, and the heavy modules it imported,
+    each with the stack that imported it."""
+    result = subprocess.run(
+        [sys.executable, "-c", WATCH_IMPORTS, json.dumps(argv), json.dumps(environ)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout.splitlines()[-1])
+    return shown["exit"], shown["imported"]
+
+
+def importers(imported: dict[str, str]) -> str:
+    return "\n".join(f"{module} was first imported from:\n{stack}" for module, stack in imported.items())
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        ([], {"GRPO_NUM_GENERATIONS": "six"}),  # a bad value
+        (["--training-dataset", "no/such/file.jsonl"], {}),  # a path checked after the values
+        (["--print-config", "--generation", "compiled"], {"TORCHINDUCTOR_FREEZING": "1"}),  # a refusal
+    ],
+    ids=["value", "path", "refused-compiled"],
+)
+def test_config_errors_never_import_torch(argv: list[str], environ: dict[str, str]) -> None:
+    exit_status, imported = heavy_imports(argv, environ)
+    assert exit_status == 2
+    assert not imported, importers(imported)
+
+
+def test_print_config_imports_torch_only_to_ask_it_about_a_gpu() -> None:
+    """Resolving GRPO_GENERATION=auto asks torch whether it can use a GPU only where the CUDA driver shows one
+    (settings.torch_cuda_missing), so --print-config imports torch on a GPU box and on no other; a set value
+    never imports it."""
+    assert heavy_imports(["--print-config", "--generation", "plain"], {}) == (0, {})
+    exit_status, imported = heavy_imports(["--print-config"], {})
+    assert exit_status == 0
+    if settings._cuda_visible():
+        assert list(imported) == ["torch"], importers(imported)
+        assert "in torch_cuda_missing" in imported["torch"]
+    else:
+        assert not imported, importers(imported)
 
 
 def test_print_config_shows_values_and_sources(capsys) -> None:
@@ -189,7 +234,7 @@ def test_readme_configuration_table_is_current() -> None:
 
 
 def test_config_table_flag_prints_the_table() -> None:
-    result = run_cli(["--config-table"], {})
+    result = run_train_py(["--config-table"], {})
     assert result.returncode == 0 and result.stdout == config.markdown_table(TrainConfig) + "\n"
 
 

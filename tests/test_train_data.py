@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import datasets
@@ -172,10 +173,27 @@ def test_log_line_is_the_seeds_format_exactly(line: str) -> None:
     assert format_log_line(metrics_of(line)) == line
 
 
-def test_log_line_prints_nan_for_a_missing_metric() -> None:
+@pytest.mark.parametrize("entropy", [None, math.nan], ids=["missing", "nan"])
+def test_log_line_prints_n_a_for_a_metric_without_a_value_and_analyze_reads_it_as_none(entropy) -> None:
+    """TRL logs no entropy, or NaN (its mean over no tokens), for a step in which dynamic sampling trained no
+    group: learning.log says n/a, and analyze.py reads the line with the other metrics and no entropy."""
+    import analyze
+
     logs = metrics_of(SEED_LINES[0])
-    del logs["entropy"]
-    assert "  entropy=nan  " in format_log_line(logs)
+    if entropy is None:
+        del logs["entropy"]
+    else:
+        logs["entropy"] = entropy
+    line = format_log_line(logs)
+    assert "  entropy=n/a  " in line
+    parsed = analyze.parse_log_line(line)
+    assert parsed == {k: v for k, v in metrics_of(SEED_LINES[0]).items() if k != "entropy"}
+
+
+def test_log_line_never_prints_a_negative_zero() -> None:
+    logs = metrics_of(SEED_LINES[0]) | {"loss": -1e-9, "grad_norm": -0.0}  # TRL's GRPO loss near zero
+    line = format_log_line(logs)
+    assert "  loss=0.0000   grad=0.0000  " in line  # not -0.0000
 
 
 def test_model_card_paths_name_no_folder_of_the_training_machine(tmp_path: Path) -> None:
