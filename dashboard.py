@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from config import ConfigError
+from envflags import ConfigError
 from rewards import STAGES, completion_text
 from run_records import SAMPLED_ZERO_STD
 

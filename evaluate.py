@@ -30,8 +30,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import config
-from config import ConfigError
+import envflags
+from envflags import ConfigError
 from multipl_e import MULTIPL_E, sample_continuations
 from ocaml_sandbox import ToolchainMissing, check_toolchain
 from problem_check import leave_out_broken
@@ -567,7 +567,7 @@ def run_compare(path_a: Path, path_b: Path) -> None:
 
 def run_evaluation(args: argparse.Namespace) -> None:
     quiet_libraries()
-    cfg = config.from_env(TrainConfig)
+    cfg = envflags.from_env(TrainConfig)
     source = args.problems or str(HELDOUT_PROBLEMS)
     if not args.problems and not HELDOUT_PROBLEMS.is_file():
         raise ConfigError(f"{HELDOUT_PROBLEMS}: no held-out problems file; pass --problems FILE_OR_ID")

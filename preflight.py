@@ -29,7 +29,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from config import ConfigError
+from envflags import ConfigError
 from settings import TrainConfig, generation_choice, round_rows
 
 GiB = 2**30

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import config
-from config import ConfigError, setting
+import envflags
+from envflags import ConfigError, setting
 from multipl_e import repair_problems
 from ocaml_sandbox import Job, Limits, Outcome, SandboxPool, first_failure
 from problem_check import check_source
@@ -495,7 +495,7 @@ def score_batch(
 ) -> list[dict]:
     """Breakdowns for many completions at once. Each item: problem, tests, completion, optional
     truncated and problem_id. Without `pool`, a process-wide one for cfg's sandbox settings."""
-    cfg = cfg or config.from_env(RewardConfig)
+    cfg = cfg or envflags.from_env(RewardConfig)
     weights = cfg.weights_at(epoch)
     prepared = [
         prepare(it.get("problem"), it.get("tests"), it.get("completion"), bool(it.get("truncated")), cfg)
@@ -670,13 +670,13 @@ def main(argv: list[str] | None = None) -> int:
         "problems", type=Path, help="JSONL, CSV or parquet with id, prompt (or problem), tests"
     )
     score.add_argument("completions", type=Path, help="JSONL with problem_id, completion, optional truncated")
-    config.add_arguments(score, RewardConfig)
+    envflags.add_arguments(score, RewardConfig)
     check = commands.add_parser("check", help="name each problem whose tests or reference solution fail")
     check.add_argument("problems", help="a problems file, or a dataset id (ID:CONFIG[:SPLIT] for MultiPL-E)")
-    config.add_arguments(check, RewardConfig)
+    envflags.add_arguments(check, RewardConfig)
     args = parser.parse_args(argv)
     try:
-        cfg, _ = config.resolve(RewardConfig, args)
+        cfg, _ = envflags.resolve(RewardConfig, args)
     except ConfigError as exc:
         parser.error(str(exc))
     if args.command == "check":

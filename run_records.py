@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from config import ConfigError
+from envflags import ConfigError
 from problems import ROOT
 from rewards import STAGES
 

@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import config
 import dashboard
 import demo
-from config import ConfigError
+import envflags
 from demo import DEMO_SETTINGS
+from envflags import ConfigError
 from evaluate import held_out_evaluation, split_held_out
 from ocaml_sandbox import ToolchainMissing, check_toolchain
 from problem_check import leave_out_broken
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--merge-to", metavar="DIR", help="after training, write base model + adapter merged to DIR"
     )
-    config.add_arguments(parser, TrainConfig)
+    envflags.add_arguments(parser, TrainConfig)
     return parser
 
 
@@ -96,7 +96,7 @@ def parse_config(
         )
     if demo:
         environ.update(DEMO_SETTINGS)
-    cfg, sources = config.resolve(TrainConfig, args, environ)
+    cfg, sources = envflags.resolve(TrainConfig, args, environ)
     if demo:
         demo_fields = {
             f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("env") in DEMO_SETTINGS
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.config_table:
-        print(config.markdown_table(TrainConfig))
+        print(envflags.markdown_table(TrainConfig))
         return 0
     try:
         cfg, sources = parse_config(argv, environ, demo=args.demo)

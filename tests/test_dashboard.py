@@ -18,7 +18,7 @@ import pytest
 import analyze
 import dashboard
 import monitor
-from config import ConfigError
+from envflags import ConfigError
 from problems import BUNDLED_PROBLEMS, ROOT
 from rewards import STAGES, RewardConfig, completion_message, score_completion
 from settings import TrainConfig

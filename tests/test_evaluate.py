@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import config
+import envflags
 import evaluate
 import test_base_model as tbm
 from problems import BUNDLED_PROBLEMS, load_problems
@@ -68,7 +68,7 @@ def test_summary_of_completions_scored_by_the_real_reward(bundled: dict[str, dic
             for i, (p, text, cut) in enumerate(samples)
         ],
         [easy, medium, hard],
-        config.from_env(TrainConfig, {}),
+        envflags.from_env(TrainConfig, {}),
     )
     assert [r["stage"] for r in rows] == ["passed", "passed", "type_error", "passed", "gated", "gated"]
     assert [r["difficulty"] for r in rows] == ["easy", "easy", "medium", "medium", "hard", "hard"]

@@ -19,7 +19,7 @@ import generation
 import settings
 import train
 from bench.train_step import QWEN_CODER_1_5B, give_lora_an_effect, prompt_batch, trainer_logprobs
-from config import ConfigError
+from envflags import ConfigError
 from generation import CompiledSampler, gradient_checkpointing, update_peak_bytes
 from problems import BUNDLED_PROBLEMS, HELDOUT_PROBLEMS, load_problems
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import config
+import envflags
 import rewards
 from problems import unescape_line_breaks
 from rewards import END_MARKER, RewardConfig, SyntaxAwareReward, score_batch, score_completion
@@ -214,17 +214,17 @@ def test_curriculum_weights_follow_the_epoch():
 
 
 def test_reward_settings_are_checked():
-    with pytest.raises(config.ConfigError, match="sum to 1"):
+    with pytest.raises(envflags.ConfigError, match="sum to 1"):
         RewardConfig(reward_weight_tests=0.9)
-    with pytest.raises(config.ConfigError, match="REWARD_CURRICULUM_WEIGHTS"):
-        config.from_env(RewardConfig, {"REWARD_CURRICULUM_WEIGHTS": "0.5,0.5"})
-    with pytest.raises(config.ConfigError, match="needs 3 phases"):
-        config.from_env(
+    with pytest.raises(envflags.ConfigError, match="REWARD_CURRICULUM_WEIGHTS"):
+        envflags.from_env(RewardConfig, {"REWARD_CURRICULUM_WEIGHTS": "0.5,0.5"})
+    with pytest.raises(envflags.ConfigError, match="needs 3 phases"):
+        envflags.from_env(
             RewardConfig, {"REWARD_CURRICULUM_BOUNDARIES": "0.5,1.0", "REWARD_CURRICULUM_WEIGHTS": "0,0,0,1"}
         )
-    with pytest.raises(config.ConfigError, match="OCAML_SANDBOX"):
-        config.from_env(RewardConfig, {"OCAML_SANDBOX": "docker"})
-    assert config.from_env(RewardConfig, {"MIN_NON_EMPTY_LINES": "3"}).min_non_empty_lines == 3
+    with pytest.raises(envflags.ConfigError, match="OCAML_SANDBOX"):
+        envflags.from_env(RewardConfig, {"OCAML_SANDBOX": "docker"})
+    assert envflags.from_env(RewardConfig, {"MIN_NON_EMPTY_LINES": "3"}).min_non_empty_lines == 3
 
 
 def test_trl_callable_scores_plain_and_conversational_completions_and_logs(tmp_path):
