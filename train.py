@@ -230,9 +230,10 @@ def train(
         note(tracking)
 
     problems = load_problems(cfg.training_dataset, warn=note)
-    with args.main_process_first(desc="problem check"):  # the others read its cached verdicts
+    # The main process checks the training and held-out problems first; the others read its cached verdicts.
+    with args.main_process_first(desc="problem check"):
         problems, _ = leave_out_broken(problems, cfg, reference_program, note, what="TRAINING_DATASET")
-    problems, held_out = split_held_out(problems, cfg, note)
+        problems, held_out = split_held_out(problems, cfg, note)
     tokenizer = load_tokenizer(cfg.model_id)
     dataset = build_train_dataset(problems, tokenizer, cfg, note)
     if held_out:  # over-long prompts dropped as training drops them: evaluation keeps the training shape
