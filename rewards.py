@@ -543,10 +543,17 @@ class SyntaxAwareReward:
     __name__ = "syntax_aware_reward"
 
     def __init__(
-        self, cfg: RewardConfig, log_dir: Path | None = None, max_completion_length: int | None = None
+        self,
+        cfg: RewardConfig,
+        log_dir: Path | None = None,
+        max_completion_length: int | None = None,
+        *,
+        completion_columns: bool = False,
     ):
         self.cfg = cfg
         self.max_completion_length = max_completion_length
+        # problem_id, stage and message added to TRL's completion log, for the dashboard's table only.
+        self.completion_columns = completion_columns
         self.pool = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
         self.logs: dict[str, int] = {}
         # While held (dynamic sampling), a call's lines wait, in completion order, for write_held's marks.
@@ -598,7 +605,7 @@ class SyntaxAwareReward:
                 log_metric(f"stages/{stage}", counts[stage] / n)
             log_metric("groups/solved", solved_share(problems, [b["stage"] for b in breakdowns]))
         log_extra = kwargs.get("log_extra")
-        if log_extra is not None:  # TRL's completion log: the dashboard's table of completions reads them
+        if self.completion_columns and log_extra is not None:
             log_extra("problem_id", [str(b["problem_id"]) for b in breakdowns])
             log_extra("stage", [b["stage"] for b in breakdowns])
             log_extra("message", [completion_message(b) for b in breakdowns])

@@ -260,7 +260,10 @@ def train(
     adapter_dir = output_dir / "adapter"
     card = lambda: model_card(cfg, sources, metrics_path, adapter_dir)
     reward = SyntaxAwareReward(
-        cfg, log_dir=output_dir / "reward_logs", max_completion_length=cfg.max_completion_length
+        cfg,
+        log_dir=output_dir / "reward_logs",
+        max_completion_length=cfg.max_completion_length,
+        completion_columns=tracking is not None,  # with the dashboard (GRPO_REPORT_TO=trackio) only
     )
     lines = board = None
     try:

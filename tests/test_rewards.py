@@ -183,6 +183,30 @@ def test_line_gate_counts_code_lines_only():
     )
 
 
+@pytest.mark.parametrize("dashboard", [False, True])
+def test_the_completion_log_gets_the_rewards_columns_only_for_the_dashboard(dashboard: bool):
+    columns: dict[str, list] = {}
+    reward = SyntaxAwareReward(RewardConfig(min_non_empty_lines=0), completion_columns=dashboard)
+    try:
+        asyncio.run(
+            reward(
+                [None],
+                ["  List.length xs"],
+                problem=[PROBLEM],
+                tests=[TESTS],
+                problem_id=["count"],
+                log_extra=columns.__setitem__,  # TRL's log_extra(column, values)
+            )
+        )
+    finally:
+        reward.close()
+    if dashboard:
+        assert list(columns) == ["problem_id", "stage", "message"]
+        assert columns["problem_id"] == ["count"] and columns["stage"] == ["tests_failed"]
+    else:
+        assert columns == {}
+
+
 def test_curriculum_weights_follow_the_epoch():
     cfg = RewardConfig(min_non_empty_lines=0, reward_curriculum=True)
     assert cfg.weights_at(0.2) == (0.10, 0.40, 0.30, 0.20)
