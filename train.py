@@ -293,9 +293,10 @@ def train(
         # On --resume the monitor starts from what was logged up to the checkpoint (it cuts at the step).
         board = dashboard.install(trainer, output_dir.name, dataclasses.asdict(cfg), reward.__name__)
         health = HealthMonitor(
-            dashboard.with_alerts(write_line, board),
+            write_line,
             cfg.stop_on_red_flags,
             earlier=read_jsonl(metrics_path) if resume_from else [],
+            alert=board.alert if board else None,
         )
         trainer.add_callback(health)
         if held_out:
