@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(
     argv: list[str] | None = None, environ: Mapping[str, str] | None = None, *, demo: bool = False
 ) -> tuple[TrainConfig, dict[str, str]]:
-    """Settings from flags > env > defaults (the demo's settings stand in for env); raises ConfigError."""
+    """Settings from flags > env > defaults (the demo's settings stand in for env), and where each came from;
+    that map also holds `generation_reason`, why GRPO_GENERATION resolved as it did. Raises ConfigError."""
     args, _ = build_parser().parse_known_args(argv)
     environ = dict(os.environ if environ is None else environ)
     if "GRPO_USE_VLLM" in environ:  # an .envrc from before GRPO_GENERATION
@@ -105,9 +106,10 @@ def parse_config(
         if sources["model_id"] != "flag":  # run_demo builds it there
             cfg = dataclasses.replace(cfg, model_id=str(Path(cfg.output_dir) / "tiny-model"))
             sources["model_id"] = "demo"
-    # Resolved here, so that --print-config and learning.log's header show what auto became; the source
-    # "auto" tells the compiled sampler that a failed compile may fall back to plain sampling.
-    generation, _ = generation_choice(cfg.generation, environ)  # a refused explicit `compiled` stops here
+    # Resolved here, so that --print-config and learning.log's header show what auto became (and --check
+    # why); the source "auto" tells the compiled sampler that a failed compile may fall back to plain
+    # sampling. A refused explicit `compiled` stops here.
+    generation, sources["generation_reason"] = generation_choice(cfg.generation, environ)
     if cfg.generation == "auto":
         cfg = dataclasses.replace(cfg, generation=generation)
         sources["generation"] = "auto"
@@ -458,7 +460,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         if args.check:  # the preflight (preflight.py): one ok/FAIL/skip line per check
             import preflight
 
-            return preflight.run(cfg, sources, os.environ if environ is None else environ, resume=args.resume)
+            return preflight.run(cfg, sources, resume=args.resume)
         if args.demo:
             run_demo(cfg, sources, args)
         elif args.sft:
