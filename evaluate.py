@@ -33,12 +33,12 @@ from pathlib import Path
 import envflags
 from envflags import ConfigError
 from multipl_e import MULTIPL_E, stop_at_stop_sequence
-from ocaml_sandbox import ToolchainMissing, check_toolchain
+from ocaml_sandbox import check_toolchain
 from problem_check import leave_out_broken
 from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_problem
 from prompts import build_prompt_messages
 from rewards import STAGES, RewardConfig, reference_program, score_batch
-from run_records import eval_row, quiet_libraries
+from run_records import eval_row, exit_status, quiet_libraries
 from settings import TrainConfig, looks_local, round_rows
 
 # Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
@@ -725,15 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give one or more models, or --compare A.jsonl B.jsonl")
     if min(args.n or 1, args.k or 1, args.batch_size) < 1:
         parser.error("-n, -k and --batch-size must be at least 1")
-    try:
-        if args.compare:
-            run_compare(*args.compare)
-        else:
-            run_evaluation(args)
-    except (ConfigError, ToolchainMissing) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(lambda: run_compare(*args.compare) if args.compare else run_evaluation(args))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import envflags
 from demo import DEMO_SETTINGS
 from envflags import ConfigError
 from evaluate import held_out_evaluation, split_held_out
-from ocaml_sandbox import ToolchainMissing, check_toolchain
+from ocaml_sandbox import check_toolchain
 from problem_check import leave_out_broken
 from problems import load_problems
 from prompts import build_sft_dataset, build_train_dataset, check_few_shot, fitting_prompts, load_tokenizer
@@ -39,6 +39,7 @@ from rewards import SyntaxAwareReward, reference_program
 from run_records import (
     append_log_line,
     console,
+    exit_status,
     format_eval_line,
     format_log_line,
     format_sft_line,
@@ -445,32 +446,32 @@ def run_demo(cfg: TrainConfig, sources: dict[str, str], args: argparse.Namespace
     demo.print_summary(Path(cfg.output_dir), adapter_dir, seconds=time.monotonic() - started)
 
 
+def run_command(args: argparse.Namespace, argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
+    """What the command line asks for, run; its exit status."""
+    cfg, sources = parse_config(argv, environ, demo=args.demo)
+    if args.print_config:
+        resolved = {k: {"value": v, "source": sources[k]} for k, v in dataclasses.asdict(cfg).items()}
+        print(json.dumps(resolved, indent=2))
+        return 0
+    if args.check:  # the preflight (preflight.py): one ok/FAIL/skip line per check
+        import preflight
+
+        return preflight.run(cfg, sources, resume=args.resume)
+    if args.demo:
+        run_demo(cfg, sources, args)
+    elif args.sft:
+        sft(cfg, sources)
+    else:
+        train(cfg, sources, resume=args.resume, merge_to=args.merge_to)
+    return 0
+
+
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.config_table:
         print(envflags.markdown_table(TrainConfig))
         return 0
-    try:
-        cfg, sources = parse_config(argv, environ, demo=args.demo)
-        if args.print_config:
-            resolved = {k: {"value": v, "source": sources[k]} for k, v in dataclasses.asdict(cfg).items()}
-            print(json.dumps(resolved, indent=2))
-            return 0
-        if args.check:  # the preflight (preflight.py): one ok/FAIL/skip line per check
-            import preflight
-
-            return preflight.run(cfg, sources, resume=args.resume)
-        if args.demo:
-            run_demo(cfg, sources, args)
-        elif args.sft:
-            sft(cfg, sources)
-        else:
-            train(cfg, sources, resume=args.resume, merge_to=args.merge_to)
-    except (ConfigError, ToolchainMissing) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(lambda: run_command(args, argv, environ))
 
 
 if __name__ == "__main__":

@@ -183,21 +183,17 @@ def test_line_gate_counts_code_lines_only():
     )
 
 
+def half_right(reward: SyntaxAwareReward, **kwargs) -> float:
+    """The reward, called as TRL calls it, of `  List.length xs` on PROBLEM: no END, half the tests pass."""
+    return asyncio.run(reward([None], ["  List.length xs"], problem=[PROBLEM], tests=[TESTS], **kwargs))[0]
+
+
 @pytest.mark.parametrize("dashboard", [False, True])
 def test_the_completion_log_gets_the_rewards_columns_only_for_the_dashboard(dashboard: bool):
     columns: dict[str, list] = {}
     reward = SyntaxAwareReward(RewardConfig(min_non_empty_lines=0), completion_columns=dashboard)
-    try:
-        asyncio.run(
-            reward(
-                [None],
-                ["  List.length xs"],
-                problem=[PROBLEM],
-                tests=[TESTS],
-                problem_id=["count"],
-                log_extra=columns.__setitem__,  # TRL's log_extra(column, values)
-            )
-        )
+    try:  # TRL's log_extra(column, values) adds a column
+        half_right(reward, problem_id=["count"], log_extra=columns.__setitem__)
     finally:
         reward.close()
     if dashboard:
@@ -216,16 +212,7 @@ def test_curriculum_weights_follow_the_epoch():
     reward = SyntaxAwareReward(cfg)
     try:
         by_epoch = [
-            asyncio.run(
-                reward(
-                    [None],
-                    ["  List.length xs"],
-                    problem=[PROBLEM],
-                    tests=[TESTS],
-                    trainer_state=SimpleNamespace(epoch=epoch),
-                )
-            )[0]
-            for epoch in (0.1, 0.7, 1.2)
+            half_right(reward, trainer_state=SimpleNamespace(epoch=epoch)) for epoch in (0.1, 0.7, 1.2)
         ]
     finally:
         reward.close()
