@@ -1,7 +1,9 @@
 """Shared test set-up. Nothing is skipped silently: without OCaml the whole run fails and says why."""
 
 import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess]:
+    """`python ARGS...` as a user runs it, from the repository root, its output captured as text."""
+
+    def run(*args: str, timeout: float) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
+
+    return run

@@ -2,10 +2,6 @@
 invocation, timed and tabulated, with the compiled sampler's checks."""
 
 import re
-import subprocess
-import sys
-
-from problems import ROOT
 
 COLUMNS = [
     "device",
@@ -23,13 +19,9 @@ COLUMNS = [
 ]
 
 
-def test_tiny_runs_print_one_row_per_sampling_path_and_the_checks() -> None:
-    result = subprocess.run(
-        [sys.executable, "bench/train_step.py", "--tiny", "--steps", "2", "--gradient-checkpointing", "off"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+def test_tiny_runs_print_one_row_per_sampling_path_and_the_checks(run_python) -> None:
+    result = run_python(
+        "bench/train_step.py", "--tiny", "--steps", "2", "--gradient-checkpointing", "off", timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]

@@ -225,14 +225,8 @@ def test_the_dashboard_finds_each_run_folder_and_names_it(tmp_path: Path) -> Non
         dashboard.start(tmp_path / "grpo_runs" / "empty", view)
 
 
-def test_make_dashboard_without_data_says_so_in_one_line(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "analyze.py", "--dashboard", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_make_dashboard_without_data_says_so_in_one_line(tmp_path: Path, run_python) -> None:
+    result = run_python("analyze.py", "--dashboard", str(tmp_path), timeout=120)
     assert result.returncode == 2
     assert result.stderr == (
         f"error: {tmp_path}: no trackio data under it (a run with GRPO_REPORT_TO=trackio writes "

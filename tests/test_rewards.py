@@ -299,7 +299,7 @@ def test_trl_callable_scores_plain_and_conversational_completions_and_logs(tmp_p
     assert sum(r["runaway_penalty_applied"] for r in breakdown) == 1
 
 
-def test_cli_scores_in_order_without_torch(tmp_path):
+def test_cli_scores_in_order_without_torch(tmp_path, run_python):
     completions = tmp_path / "completions.jsonl"
     rows = [
         {"problem_id": PROBLEMS[1]["id"], "completion": PROBLEMS[1]["solution"] + END_MARKER},
@@ -326,13 +326,7 @@ def test_cli_scores_in_order_without_torch(tmp_path):
     check = (
         "import sys, rewards; rewards.main(sys.argv[1:]); assert 'torch' not in sys.modules, 'torch imported'"
     )
-    quiet = subprocess.run(
-        [sys.executable, "-c", check, "score", "data/problems.jsonl", str(completions)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    quiet = run_python("-c", check, "score", "data/problems.jsonl", str(completions), timeout=120)
     assert quiet.returncode == 0, quiet.stderr
 
 
@@ -433,17 +427,13 @@ def test_cli_scores_escaped_problems_and_names_malformed_rows(tmp_path):
     assert [r["total"] for r in printed[:1] + printed[2:]] == [1.0] * len(PROBLEMS)
 
 
-def test_problem_files_name_what_is_wrong(tmp_path):
+def test_problem_files_name_what_is_wrong(tmp_path, run_python):
     not_an_object = tmp_path / "problems.jsonl"
     not_an_object.write_text('{"id": "a"}\n["id", "prompt"]\n')
     with pytest.raises(SystemExit, match=r"problems.jsonl:2: not a JSON object"):
         rewards.load_rows(not_an_object)
-    missing = subprocess.run(
-        [sys.executable, "rewards.py", "score", str(tmp_path / "nothing.jsonl"), str(not_an_object)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    missing = run_python(
+        "rewards.py", "score", str(tmp_path / "nothing.jsonl"), str(not_an_object), timeout=120
     )
     assert missing.returncode == 2 and "nothing.jsonl: No such file or directory" in missing.stderr
 
