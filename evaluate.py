@@ -242,6 +242,7 @@ def score_samples(samples: Sequence[dict], problems: Sequence[dict], cfg: Reward
     ]
 
 
+# sample_completions' parameters again, typed and keyword-only, plus `protocol`: a caller's typo fails here.
 def evaluate_model(
     model,
     tokenizer,

@@ -129,7 +129,8 @@ def grpo_args(cfg: TrainConfig, use_bf16: bool):
     # The seed's step: GRPO_BATCH_SIZE prompts x GRPO_NUM_GENERATIONS completions, sampled in one round
     # (TRL needs a round to hold whole groups) and trained in passes of GRPO_BATCH_SIZE completions. TRL
     # samples a round every gradient_accumulation_steps passes, so every optimizer step gets fresh rewards
-    # and any batch works with any group size.
+    # and any batch works with any group size. Each setting is passed by its TRL name, one line each, so that
+    # the list reads against TRL's GRPOConfig (a loop over names would hide which ones are passed).
     return GRPOConfig(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.per_device_train_batch_size,

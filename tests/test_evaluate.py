@@ -304,6 +304,7 @@ def test_same_seed_same_problems() -> None:
     assert evaluate.pick_problems(problems, None, seed=0) == problems
 
 
+# The fixtures of the new CLI's test above: pytest passes each by its parameter's name.
 def test_old_cli_compares_base_and_adapter_on_the_tiny_model(
     tiny_model: Path,
     adapter: Path,
