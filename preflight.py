@@ -212,6 +212,8 @@ def model_memory(cfg: TrainConfig) -> tuple[int, int, int, int]:
     element = torch.finfo(config.dtype or torch.float32).bits // 8
     cache = 2 * text.num_hidden_layers * rows * positions * kv_heads * head_dim * element
     tokens = cfg.per_device_train_batch_size * positions
+    # A second config read and meta model (a third under `auto` checkpointing, in check_model): generation's
+    # estimate takes a model id, not a config; reading once needs it to take this config (generation.py).
     activations = generation.update_peak_bytes(cfg.model_id, tokens) - generation.WEIGHT_COPIES * weights
     return params, weights, cache, activations
 
