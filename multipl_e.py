@@ -12,7 +12,8 @@ Two things here are MultiPL-E's, not ours:
   They are repaired only when asked (REPAIR_PROBLEMS=1), each repair counted: unrepaired, the benchmark is
   the one published numbers were measured on; repaired, it measures the model rather than the translator.
 - Its evaluation protocol (`evaluate.py --protocol multipl-e`): the prompt as a raw continuation without a
-  chat template, cut at its stop sequences, sampled as its completion script does.
+  chat template, cut at its stop sequences, sampled as its completion script does. `Protocol` holds its
+  settings and `stop_at_stop_sequence` its cut; evaluate.sample_continuations samples with them.
 """
 
 from __future__ import annotations
