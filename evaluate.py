@@ -29,10 +29,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import envflags
 from envflags import ConfigError
-from multipl_e import MULTIPL_E, stop_at_stop_sequence
+from multipl_e import MULTIPL_E, Protocol, stop_at_stop_sequence
 from ocaml_sandbox import check_toolchain
 from problem_check import leave_out_broken
 from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_problem
@@ -40,6 +41,9 @@ from prompts import build_prompt_messages
 from rewards import STAGES, RewardConfig, reference_program, score_batch
 from run_records import eval_row, exit_status, quiet_libraries
 from settings import TrainConfig, looks_local, round_rows
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 # Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
 # more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
@@ -128,7 +132,14 @@ def sample_completions(
 
 
 def sample_continuations(
-    model, tokenizer, problems: Sequence[dict], *, k: int, batch_size: int, seed: int, protocol=MULTIPL_E
+    model,
+    tokenizer,
+    problems: Sequence[dict],
+    *,
+    k: int,
+    batch_size: int,
+    seed: int,
+    protocol: Protocol = MULTIPL_E,
 ) -> list[dict]:
     """k raw continuations of each prompt as {problem_id, sample, completion, truncated, length}, in
     MultiPL-E's way (multipl_e.Protocol): the prompt stripped and tokenized as plain text (no chat template),
@@ -170,7 +181,7 @@ def generate_samples(
     model,
     tokenizer,
     wanted: Sequence[tuple[str, int, str]],
-    sampling,
+    sampling: GenerationConfig,
     read: Callable[[list[int]], dict],
     *,
     batch_size: int,
@@ -242,7 +253,7 @@ def score_samples(samples: Sequence[dict], problems: Sequence[dict], cfg: Reward
     ]
 
 
-# sample_completions' parameters again, typed and keyword-only, plus `protocol`: a caller's typo fails here.
+# sample_completions' parameters again (and `protocol`), typed and keyword-only rather than **kwargs.
 def evaluate_model(
     model,
     tokenizer,

@@ -33,11 +33,15 @@ import sys
 import time
 from pathlib import Path
 from statistics import mean
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "grpo_runs" / "dynamic-sampling"
@@ -210,11 +214,11 @@ def filling_trainer(base: type) -> type:
     count in the loss's normaliser."""
 
     class FillingTrainer(base):
-        def _sample_informative_groups(self, inputs):
+        def _sample_informative_groups(self, inputs: list[dict]) -> dict:
             self.group_means: list[list[float]] = []  # per round of the step, this process's groups
             return super()._sample_informative_groups(inputs)
 
-        def _rewards_of_round(self):
+        def _rewards_of_round(self) -> torch.Tensor:
             rewards = super()._rewards_of_round()  # every process's, once per round
             means = rewards.view(-1, self.num_generations).nanmean(dim=1)
             local = len(means) // self.accelerator.num_processes
@@ -222,7 +226,7 @@ def filling_trainer(base: type) -> type:
             self.group_means.append(means[first : first + local].tolist())
             return rewards
 
-        def _choose_kept(self, rounds, trained):
+        def _choose_kept(self, rounds: list, trained: int) -> None:
             super()._choose_kept(rounds, trained)
             target = len(rounds[0].tied)  # a round's groups on this process
             dropped = [
