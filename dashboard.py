@@ -22,11 +22,11 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from config import ConfigError
+from envflags import ConfigError
 from rewards import STAGES, completion_text
 from run_records import SAMPLED_ZERO_STD
 
@@ -170,16 +170,6 @@ def _rounded(value: Any) -> float | None:
     return None if value is None or math.isnan(float(value)) else round(float(value), 4)
 
 
-def alert_of(line: str) -> tuple[str, str, str] | None:
-    """(level, title, text) of a run-health line: WARNING lines warn, OK lines (a recovery) inform; other
-    lines are no alert. The title is the metric and its value, as the line starts."""
-    for prefix, level in (("WARNING ", "warn"), ("OK ", "info")):
-        if line.startswith(prefix):
-            body = line.split("] ", 1)[-1]
-            return level, body.split(" over ", 1)[0].split(": ", 1)[0], line
-    return None
-
-
 def install(trainer, run_name: str, settings: Mapping[str, Any], reward_name: str | None = None):
     """Replace transformers' TrackioCallback on `trainer` (GRPO_REPORT_TO=trackio put it there) by ours, and
     return ours; None when the run does not report to trackio. `settings` (the run's TrainConfig as a dict)
@@ -231,11 +221,9 @@ def install(trainer, run_name: str, settings: Mapping[str, Any], reward_name: st
             if self.started:
                 self._trackio.log(eval_metrics(row), step=int(row["step"]))
 
-        def health_line(self, line: str) -> None:
-            """A run-health line as an alert, at the step it is about."""
-            alert = alert_of(line)
-            if alert and self.started:
-                level, title, text = alert
+        def alert(self, level: str, title: str, text: str) -> None:
+            """A run-health monitor's line as an alert (its HealthMonitor's `alert`): `level` warn or info."""
+            if self.started:
                 with _quiet():
                     self._trackio.alert(title, text, level=self._trackio.AlertLevel(level))
 
@@ -243,14 +231,6 @@ def install(trainer, run_name: str, settings: Mapping[str, Any], reward_name: st
     board = RunDashboard()
     trainer.add_callback(board)
     return board
-
-
-def with_alerts(write_line: Callable[[str], None], board) -> Callable[[str], None]:
-    """The run-health monitor's writer: each line as before, and as an alert on the dashboard when there is
-    one (`board` from `install`, or None)."""
-    if board is None:
-        return write_line
-    return lambda line: (write_line(line), board.health_line(line))
 
 
 # ------------------------------------------------------------------------------------------------------------

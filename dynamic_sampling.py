@@ -133,7 +133,6 @@ class Round:
 
     output: dict[str, Any]
     tied: list[bool]
-    means: list[float]  # each group's mean reward
     kept: list[bool] = field(default_factory=list)  # filled once the step's groups are chosen
 
 
@@ -163,7 +162,6 @@ class DynamicSamplingTrainer(GRPOTrainer):
         dynamic_sampling: str = "off",
         max_rounds: int = 3,
         note: Callable[[str], None] | None = None,
-        short_steps: str = "smaller",
         **kwargs: Any,
     ) -> None:
         if dynamic_sampling not in MODES:
@@ -172,9 +170,6 @@ class DynamicSamplingTrainer(GRPOTrainer):
         self.filtering = dynamic_sampling == "filter"
         self.max_rounds = max_rounds
         self.note = note or (lambda text: None)
-        # "fill" (bench/dynamic_sampling.py's comparison only): a short step is topped up with the dropped
-        # groups of highest mean reward, which carry no advantage but do count in the loss's normaliser.
-        self.short_steps = short_steps
         self._sampler: EpochRepeatSampler | None = None  # set by _get_train_sampler, in both modes
         if not self.filtering:
             return
@@ -320,8 +315,7 @@ class DynamicSamplingTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(batch)
             rewards = self._rewards_of_round()
             tied = tied_groups(rewards, group)[first_group : first_group + target]
-            means = rewards.view(-1, group).nanmean(dim=1)[first_group : first_group + target]
-            rounds.append(Round(output, tied.tolist(), means.tolist()))
+            rounds.append(Round(output, tied.tolist()))
             least = self._global_min(sum(not t for r in rounds for t in r.tied))  # over every process
             if least >= target or len(rounds) > self.max_rounds:
                 break
@@ -330,17 +324,7 @@ class DynamicSamplingTrainer(GRPOTrainer):
                 ran_out = True
                 break
         # Equal shapes on every process: each trains as many groups as the one with the fewest has.
-        trained = min(target, least)
-        left = trained
-        for r in rounds:
-            r.kept = []
-            for t in r.tied:
-                r.kept.append(not t and left > 0)
-                left -= int(r.kept[-1])
-        if self.short_steps == "fill" and trained < target:
-            dropped = [(r.means[g], r, g) for r in rounds for g in range(len(r.kept)) if not r.kept[g]]
-            for _, r, g in sorted(dropped, key=lambda d: d[0], reverse=True)[: target - trained]:
-                r.kept[g] = True
+        self._choose_kept(rounds, min(target, least))
         for reward in markers:
             reward.write_held(
                 [
@@ -352,6 +336,17 @@ class DynamicSamplingTrainer(GRPOTrainer):
             )
         self._record_step(rounds, target, ran_out, frac_mark)
         return self._training_rows(rounds)
+
+    def _choose_kept(self, rounds: list[Round], trained: int) -> None:
+        """Marks the groups that train (each round's `kept`): the first `trained` informative ones, in the
+        order they were sampled. A step short of a round's groups trains smaller (bench/dynamic_sampling.py's
+        `fill` arm, a subclass, tops it up instead)."""
+        left = trained
+        for r in rounds:
+            r.kept = []
+            for t in r.tied:
+                r.kept.append(not t and left > 0)
+                left -= int(r.kept[-1])
 
     def _training_rows(self, rounds: list[Round]) -> dict[str, Any]:
         """The kept groups' rows of every round as one batch, with the loss normaliser counted over them."""
@@ -385,7 +380,7 @@ class DynamicSamplingTrainer(GRPOTrainer):
         )
         metrics = self._metrics["train"]
         del metrics["frac_reward_zero_std"][frac_mark:]
-        if trained:  # the trained batch: none tied, unless a short step was filled
+        if trained:  # the trained batch: none tied (but in the bench's `fill` arm)
             metrics["frac_reward_zero_std"].append(trained_tied / trained_all)
         metrics["dynamic/extra_rounds"].append(float(len(rounds) - 1))
         metrics["dynamic/groups_sampled"].append(float(sampled))

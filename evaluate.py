@@ -29,17 +29,21 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import config
-from config import ConfigError
-from multipl_e import MULTIPL_E, sample_continuations
-from ocaml_sandbox import ToolchainMissing, check_toolchain
+import envflags
+from envflags import ConfigError
+from multipl_e import MULTIPL_E, Protocol, stop_at_stop_sequence
+from ocaml_sandbox import check_toolchain
 from problem_check import leave_out_broken
 from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_problem
 from prompts import build_prompt_messages
 from rewards import STAGES, RewardConfig, reference_program, score_batch
-from run_records import eval_row, figure, quiet_libraries
+from run_records import eval_row, exit_status, figure, quiet_libraries
 from settings import TrainConfig, looks_local, round_rows
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 # Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
 # more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
@@ -84,16 +88,10 @@ def sample_completions(
     batch_size: int,
     seed: int,
 ) -> list[dict]:
-    """k completions per problem as {problem_id, sample, completion, truncated, length}, problem by problem.
-
-    `batch_size` completions go through one left-padded generate call, several problems' samples together.
-    The same seed gives every model the same random stream; the caller's random state, train/eval mode and
-    grad mode are as they were afterwards, so the trainer can call this on the model it is training.
-    """
-    import torch
+    """k completions per problem as {problem_id, sample, completion, truncated, length}, problem by problem,
+    from the training prompt with the run's sampling settings (generate_samples says how they are batched)."""
     from transformers import GenerationConfig
 
-    device = model.device
     texts = {
         p["id"]: tokenizer.apply_chat_template(
             build_prompt_messages(p["problem"], min_lines=cfg.min_non_empty_lines, few_shot=cfg.few_shot),
@@ -102,7 +100,6 @@ def sample_completions(
         )
         for p in problems
     }
-    wanted = [(p["id"], i) for p in problems for i in range(k)]
     stop = end_token_ids(model, tokenizer)
     # TRL's sampler (top_p 1, top_k 0, no repetition penalty), not the model's chat defaults. A whole config,
     # so that the trainer's compiled sampler (generation.py), installed as the model's generate, takes it too.
@@ -116,6 +113,94 @@ def sample_completions(
         eos_token_id=stop,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+    def completion(ids: list[int]) -> dict:
+        end = next((i + 1 for i, token in enumerate(ids) if token in stop), None)
+        # No end token within max_new_tokens: the reward's truncated (runaway) completion.
+        kept = ids if end is None else ids[:end]
+        return {
+            "completion": tokenizer.decode(kept, skip_special_tokens=True),
+            "truncated": end is None,
+            "length": len(kept),
+        }
+
+    wanted = [(p["id"], i, texts[p["id"]]) for p in problems for i in range(k)]
+    # The chat template has written the special tokens already.
+    return generate_samples(
+        model, tokenizer, wanted, sampling, completion, batch_size=batch_size, seed=seed, special_tokens=False
+    )
+
+
+def sample_continuations(
+    model,
+    tokenizer,
+    problems: Sequence[dict],
+    *,
+    k: int,
+    batch_size: int,
+    seed: int,
+    protocol: Protocol = MULTIPL_E,
+) -> list[dict]:
+    """k raw continuations of each prompt as {problem_id, sample, completion, truncated, length}, in
+    MultiPL-E's way (multipl_e.Protocol): the prompt stripped and tokenized as plain text (no chat template),
+    sampled with its temperature and top-p, the text cut at the first stop sequence. A continuation that hit
+    max_new_tokens with no stop sequence and no end token is `truncated`."""
+    from transformers import GenerationConfig
+
+    end_ids = set(end_token_ids(model, tokenizer))
+    sampling = GenerationConfig(
+        do_sample=True,
+        temperature=protocol.temperature,
+        top_p=protocol.top_p,
+        top_k=0,
+        max_new_tokens=protocol.max_new_tokens,
+        eos_token_id=sorted(end_ids),
+        pad_token_id=tokenizer.pad_token_id,
+        stop_strings=list(protocol.stop),
+    )
+    # A sequence that stopped early is padded to the batch's length: its first pad token ends it.
+    finished = end_ids | {tokenizer.pad_token_id}
+
+    def continuation(ids: list[int]) -> dict:
+        end = next((j for j, token in enumerate(ids) if token in finished), None)
+        kept = ids if end is None else ids[:end]
+        text, stopped = stop_at_stop_sequence(tokenizer.decode(kept, skip_special_tokens=True), protocol.stop)
+        return {
+            "completion": text,
+            "truncated": end is None and not stopped and len(kept) >= protocol.max_new_tokens,
+            "length": len(kept),
+        }
+
+    wanted = [(p["id"], i, p["problem"].strip()) for p in problems for i in range(k)]
+    return generate_samples(
+        model, tokenizer, wanted, sampling, continuation, batch_size=batch_size, seed=seed
+    )
+
+
+def generate_samples(
+    model,
+    tokenizer,
+    wanted: Sequence[tuple[str, int, str]],
+    sampling: GenerationConfig,
+    read: Callable[[list[int]], dict],
+    *,
+    batch_size: int,
+    seed: int,
+    special_tokens: bool = True,
+) -> list[dict]:
+    """Each (problem_id, sample, prompt text) of `wanted` sampled once with the GenerationConfig `sampling`,
+    as {problem_id, sample, **read(the completion's token ids)}, in order.
+
+    `batch_size` prompts go through one left-padded generate call, several problems' samples together; a
+    short last batch is not filled up (the compiled sampler, generation.py, pads its calls to a round
+    itself). The same seed gives every model the same random stream; the caller's random state, train/eval
+    mode and grad mode are as they were afterwards, so the trainer can call this on the model it is training.
+    """
+    import torch
+
+    device = model.device
+    # transformers matches stop strings through the tokenizer.
+    tokenizer_for_stops = {"tokenizer": tokenizer} if sampling.stop_strings else {}
     was_training = model.training
     model.eval()  # no dropout while sampling, LoRA's included
     samples = []
@@ -124,31 +209,17 @@ def sample_completions(
             torch.manual_seed(seed)
             for start in range(0, len(wanted), batch_size):
                 batch = wanted[start : start + batch_size]
-                # A short last batch is filled up with repeats (dropped below), so that every call has one
-                # shape and a compiled sampler (generation.py) never compiles for the remainder.
-                filler = batch_size - len(batch) if len(wanted) > batch_size else 0
                 inputs = tokenizer(
-                    [texts[problem_id] for problem_id, _ in batch + batch[:1] * filler],
+                    [text for _, _, text in batch],
                     return_tensors="pt",
                     padding=True,
                     padding_side="left",
-                    add_special_tokens=False,
+                    add_special_tokens=special_tokens,
                 ).to(device)
-                output = model.generate(**inputs, generation_config=sampling)
-                completions = output[: len(batch), inputs["input_ids"].shape[1] :].tolist()
-                for (problem_id, sample), ids in zip(batch, completions, strict=True):
-                    end = next((i + 1 for i, token in enumerate(ids) if token in stop), None)
-                    # No end token within max_new_tokens: the reward's truncated (runaway) completion.
-                    kept = ids if end is None else ids[:end]
-                    samples.append(
-                        {
-                            "problem_id": problem_id,
-                            "sample": sample,
-                            "completion": tokenizer.decode(kept, skip_special_tokens=True),
-                            "truncated": end is None,
-                            "length": len(kept),
-                        }
-                    )
+                output = model.generate(**inputs, generation_config=sampling, **tokenizer_for_stops)
+                completions = output[:, inputs["input_ids"].shape[1] :].tolist()
+                for (problem_id, sample, _), ids in zip(batch, completions, strict=True):
+                    samples.append({"problem_id": problem_id, "sample": sample, **read(ids)})
     finally:
         model.train(was_training)
     return samples
@@ -182,6 +253,7 @@ def score_samples(samples: Sequence[dict], problems: Sequence[dict], cfg: Reward
     ]
 
 
+# sample_completions' parameters again (and `protocol`), typed and keyword-only rather than **kwargs.
 def evaluate_model(
     model,
     tokenizer,
@@ -567,7 +639,7 @@ def run_compare(path_a: Path, path_b: Path) -> None:
 
 def run_evaluation(args: argparse.Namespace) -> None:
     quiet_libraries()
-    cfg = config.from_env(TrainConfig)
+    cfg = envflags.from_env(TrainConfig)
     source = args.problems or str(HELDOUT_PROBLEMS)
     if not args.problems and not HELDOUT_PROBLEMS.is_file():
         raise ConfigError(f"{HELDOUT_PROBLEMS}: no held-out problems file; pass --problems FILE_OR_ID")
@@ -665,15 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give one or more models, or --compare A.jsonl B.jsonl")
     if min(args.n or 1, args.k or 1, args.batch_size) < 1:
         parser.error("-n, -k and --batch-size must be at least 1")
-    try:
-        if args.compare:
-            run_compare(*args.compare)
-        else:
-            run_evaluation(args)
-    except (ConfigError, ToolchainMissing) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(lambda: run_compare(*args.compare) if args.compare else run_evaluation(args))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ from transformers import (
     StaticCache,
 )
 
-from config import ConfigError
+from envflags import ConfigError
 
 # transformers' compile backend on CUDA is inductor. On the CPU transformers does not compile at all; the
 # sampler makes it run dynamo with the eager backend there, so the graph capture, its guards and its

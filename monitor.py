@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -118,6 +118,15 @@ CONTINGENCIES = (
 )
 
 
+class HealthLine(NamedTuple):
+    """A line the monitor writes: `text` for learning.log; `level` (warn, or info for a recovery) and `title`
+    (what the line is about, as it starts) for the dashboard's alert."""
+
+    level: str
+    title: str
+    text: str
+
+
 @dataclass(frozen=True)
 class Check:
     """One threshold judged on the recent window. `ok` is None when the metric was not logged."""
@@ -132,18 +141,21 @@ class Check:
     advice: tuple[tuple[str, str], ...] = ()  # (env change, why)
     span: str = ""  # what the value was judged over, when not the last logged steps
 
-    def warning_line(self, epoch: float, steps: int) -> str:
+    def headline(self) -> str:
+        """The metric and its value, as its lines name it: `entropy=3`."""
+        return f"{self.metric}={_num(self.value)}"
+
+    def warning_line(self, epoch: float, steps: int) -> HealthLine:
         changes = " ".join(change for change, _ in self.advice)
-        return (
-            f"WARNING [Epoch {epoch:.2f}] {self.metric}={_num(self.value)} over {self._over(steps)} "
+        text = (
+            f"WARNING [Epoch {epoch:.2f}] {self.headline()} over {self._over(steps)} "
             f"(expected {self.band}): {self.meaning}." + (f" Try {changes}" if changes else "")
         )
+        return HealthLine("warn", self.headline(), text)
 
-    def ok_line(self, epoch: float, steps: int) -> str:
-        return (
-            f"OK [Epoch {epoch:.2f}] {self.metric}={_num(self.value)} over {self._over(steps)}, "
-            f"back within {self.band}"
-        )
+    def ok_line(self, epoch: float, steps: int) -> HealthLine:
+        text = f"OK [Epoch {epoch:.2f}] {self.headline()} over {self._over(steps)}, back within {self.band}"
+        return HealthLine("info", self.headline(), text)
 
     def _over(self, steps: int) -> str:
         return self.span or f"the last {steps} steps"
@@ -579,8 +591,10 @@ class HealthMonitor(TrainerCallback):
         write_line: Callable[[str], None],
         stop_on_red_flags: bool,
         earlier: Sequence[Mapping[str, Any]] = (),
+        alert: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.write_line = write_line
+        self.alert = alert  # gets each line's level, title and text too (the dashboard's alerts)
         self.stop_on_red_flags = stop_on_red_flags
         self.earlier = earlier
         self.knobs = Knobs()
@@ -601,8 +615,7 @@ class HealthMonitor(TrainerCallback):
         memorising = check_memorising(self.history, self.evals, self.knobs)
         lines = self._transitions([*run_checks(self.history, self.knobs), memorising])
         if state.is_world_process_zero:
-            for line in lines:
-                self.write_line(line)
+            self._write(lines)
 
     def on_log(
         self,
@@ -625,25 +638,28 @@ class HealthMonitor(TrainerCallback):
             action = (
                 "stopping, checkpoint saved" if self.stop_on_red_flags else "--stop-on-red-flags would stop"
             )
-            lines.append(
-                f"WARNING [Epoch {last_epoch(self.history):.2f}] stop criteria hold: {red}; {action}"
-            )
+            text = f"WARNING [Epoch {last_epoch(self.history):.2f}] stop criteria hold: {red}; {action}"
+            lines.append(HealthLine("warn", "stop criteria hold", text))
             if self.stop_on_red_flags:
                 control.should_save = True
                 control.should_training_stop = True
         # Every process judges (so all stop together); only the main one writes.
         if state.is_world_process_zero:
-            for line in lines:
-                self.write_line(line)
+            self._write(lines)
 
     def add_eval(self, row: Mapping[str, Any]) -> None:
         """One held-out evaluation, as its metrics.jsonl row (step, epoch, eval/pass@1, eval/reward, ...):
         writes a line when the memorising check turns bad or recovers."""
         self.evals = one_per_step([*self.evals, numeric(row)])
-        for line in self._transitions([check_memorising(self.history, self.evals, self.knobs)]):
-            self.write_line(line)
+        self._write(self._transitions([check_memorising(self.history, self.evals, self.knobs)]))
 
-    def _transitions(self, checks: Sequence[Check]) -> list[str]:
+    def _write(self, lines: Sequence[HealthLine]) -> None:
+        for line in lines:
+            self.write_line(line.text)
+            if self.alert:
+                self.alert(line.level, line.title, line.text)
+
+    def _transitions(self, checks: Sequence[Check]) -> list[HealthLine]:
         epoch, steps = last_epoch(self.history), len(recent(self.history))
         lines = []
         for check in checks:

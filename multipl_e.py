@@ -12,7 +12,8 @@ Two things here are MultiPL-E's, not ours:
   They are repaired only when asked (REPAIR_PROBLEMS=1), each repair counted: unrepaired, the benchmark is
   the one published numbers were measured on; repaired, it measures the model rather than the translator.
 - Its evaluation protocol (`evaluate.py --protocol multipl-e`): the prompt as a raw continuation without a
-  chat template, cut at its stop sequences, sampled as its completion script does.
+  chat template, cut at its stop sequences, sampled as its completion script does. `Protocol` holds its
+  settings and `stop_at_stop_sequence` its cut; evaluate.sample_continuations samples with them.
 """
 
 from __future__ import annotations
@@ -174,66 +175,3 @@ def stop_at_stop_sequence(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     """The text up to the first stop sequence, and whether there was one."""
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
     return (text, False) if cut < 0 else (text[:cut], True)
-
-
-def sample_continuations(
-    model, tokenizer, problems: Sequence[dict], *, k: int, batch_size: int, seed: int, protocol=MULTIPL_E
-) -> list[dict]:
-    """k raw continuations of each prompt as {problem_id, sample, completion, truncated, length}, in
-    MultiPL-E's way: the prompt stripped and tokenized as plain text (no chat template), sampled with its
-    temperature and top-p, the text cut at the first stop sequence. A continuation that hit max_new_tokens
-    with no stop sequence and no end token is `truncated`. Random state and train mode are restored."""
-    import torch
-    from transformers import GenerationConfig
-
-    end_ids = {tokenizer.eos_token_id, *_as_list(model.generation_config.eos_token_id)} - {None}
-    sampling = GenerationConfig(
-        do_sample=True,
-        temperature=protocol.temperature,
-        top_p=protocol.top_p,
-        top_k=0,
-        max_new_tokens=protocol.max_new_tokens,
-        eos_token_id=sorted(end_ids),
-        pad_token_id=tokenizer.pad_token_id,
-        stop_strings=list(protocol.stop),
-    )
-    wanted = [(p["id"], p["problem"].strip(), i) for p in problems for i in range(k)]
-    # A sequence that stopped early is padded to the batch's length: its first pad token ends it.
-    finished = end_ids | {tokenizer.pad_token_id}
-    was_training = model.training
-    model.eval()
-    samples = []
-    device = model.device
-    try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-            torch.manual_seed(seed)
-            for start in range(0, len(wanted), batch_size):
-                batch = wanted[start : start + batch_size]
-                inputs = tokenizer(
-                    [prompt for _, prompt, _ in batch], return_tensors="pt", padding=True, padding_side="left"
-                ).to(device)
-                output = model.generate(**inputs, generation_config=sampling, tokenizer=tokenizer)
-                for (problem_id, _, sample), ids in zip(
-                    batch, output[:, inputs["input_ids"].shape[1] :].tolist(), strict=True
-                ):
-                    end = next((j for j, token in enumerate(ids) if token in finished), None)
-                    kept = ids if end is None else ids[:end]
-                    text, stopped = stop_at_stop_sequence(
-                        tokenizer.decode(kept, skip_special_tokens=True), protocol.stop
-                    )
-                    samples.append(
-                        {
-                            "problem_id": problem_id,
-                            "sample": sample,
-                            "completion": text,
-                            "truncated": end is None and not stopped and len(kept) >= protocol.max_new_tokens,
-                            "length": len(kept),
-                        }
-                    )
-    finally:
-        model.train(was_training)
-    return samples
-
-
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]

@@ -49,6 +49,9 @@ SANDBOX_MODES = ("auto", "bwrap", "rlimit")
 # that RLIMIT_NPROC counts only their processes and a fork bomb in one worker cannot starve another.
 RUNNER_UID_BASE = 62000
 MAX_REPLY_BYTES = 1 << 20
+# The runner's open-file limit; the runner is told it (--open-files) and closes every descriptor below it
+# that the test program must not keep before a completion runs.
+OPEN_FILES = 64
 
 
 class ToolchainMissing(RuntimeError):
@@ -282,7 +285,7 @@ def _limit_child(limits: Limits, uid: int | None):
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (OPEN_FILES, OPEN_FILES))
         if uid is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (32, 32))
 
@@ -365,7 +368,7 @@ class _Worker:
     def _start_runner(self) -> _Process:
         # The runner keeps our uid: each child reads its unit, unlinks it, and only then drops to
         # self.uid, before the completion runs (ocaml/runner.ml).
-        argv = [str(self.tools / "runner.byte")]
+        argv = [str(self.tools / "runner.byte"), "--open-files", str(OPEN_FILES)]
         if self.uid is not None:
             argv += ["--uid", str(self.uid)]
         if self.mode == "bwrap":
@@ -380,9 +383,10 @@ class _Worker:
         module = f"U{token}"
         try:
             outcome = self._check(job, module)
+            unit = self.dir / f"u{token}.cmo"
             if outcome.compiled:
-                self._run(self.dir / f"u{token}.cmo", outcome)
-            outcome.error_sample = self._scrubbed(outcome.error_sample)
+                self._run(unit, outcome)
+            outcome.error_sample = self._scrubbed(outcome.error_sample, unit)
             if outcome.compiled and not outcome.error_sample:
                 outcome.error_sample = first_failure(outcome, raised=True)
             return outcome
@@ -399,8 +403,11 @@ class _Worker:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
 
-    def _scrubbed(self, sample: str) -> str:
-        """The worker's folders are no business of the logs: messages name the program's own files."""
+    def _scrubbed(self, sample: str, unit: Path | None = None) -> str:
+        """The worker's folders are no business of the logs: messages name the program's own files, and the
+        compiled test `unit` (the runner's load errors name it) is `the test program`."""
+        if unit is not None:
+            sample = sample.replace(str(unit), "the test program")
         for folder in (self.dir, self.tools):
             sample = sample.replace(f"{folder}/", "").replace(str(folder), ".")
         return sample

@@ -29,8 +29,8 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from config import ConfigError
-from settings import TrainConfig, generation_choice, round_rows
+from envflags import ConfigError
+from settings import TrainConfig, round_rows
 
 GiB = 2**30
 SAMPLER_BATCH, SAMPLER_PROMPT, SAMPLER_TOKENS = 4, 24, 16
@@ -212,11 +212,13 @@ def model_memory(cfg: TrainConfig) -> tuple[int, int, int, int]:
     element = torch.finfo(config.dtype or torch.float32).bits // 8
     cache = 2 * text.num_hidden_layers * rows * positions * kv_heads * head_dim * element
     tokens = cfg.per_device_train_batch_size * positions
+    # A second config read and meta model (a third under `auto` checkpointing, in check_model): generation's
+    # estimate takes a model id, not a config; reading once needs it to take this config (generation.py).
     activations = generation.update_peak_bytes(cfg.model_id, tokens) - generation.WEIGHT_COPIES * weights
     return params, weights, cache, activations
 
 
-def check_model(cfg: TrainConfig, sources: Mapping[str, str], environ: Mapping[str, str]) -> str:
+def check_model(cfg: TrainConfig, sources: Mapping[str, str]) -> str:
     import torch
 
     import generation
@@ -235,15 +237,14 @@ def check_model(cfg: TrainConfig, sources: Mapping[str, str], environ: Mapping[s
     checkpointing, why = generation.gradient_checkpointing(
         cfg.gradient_checkpointing, cfg.model_id, tokens, memory
     )
-    asked = "auto" if sources.get("generation") == "auto" else cfg.generation
-    path, sampling_why = generation_choice(asked, environ)
     where = "GPU" if device.type == "cuda" else "RAM"
     count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.1f}M"
     return (
         f"{cfg.model_id}: {count} parameters, {gib(weights)} GiB of weights; estimated peak "
         f"{gib(weights + cache)} GiB sampling, update {gib(without)} GiB without gradient "
         f"checkpointing and {gib(with_checkpointing)} GiB with it, of {memory / GiB:.0f} GiB {where}; "
-        f"checkpointing {'on' if checkpointing else 'off'} ({why}); sampling {path} ({sampling_why})"
+        f"checkpointing {'on' if checkpointing else 'off'} ({why}); sampling {cfg.generation} "
+        f"({sources['generation_reason']})"
     )
 
 
@@ -394,7 +395,7 @@ def check_output_dir(cfg: TrainConfig, resume: bool) -> str:
 
 
 def checks(
-    cfg: TrainConfig, sources: Mapping[str, str], environ: Mapping[str, str], resume: bool
+    cfg: TrainConfig, sources: Mapping[str, str], resume: bool
 ) -> Iterator[tuple[str, Callable[[], str]]]:
     """(name, check) in the order a user fixes things; a check returns its figure or raises Failed/Skipped."""
     yield "toolchain", lambda: check_toolchain(cfg)
@@ -423,7 +424,7 @@ def checks(
         source = bundled_path(cfg.eval_dataset)
         yield "held-out data", lambda: check_dataset(cfg, "GRPO_EVAL_DATASET", source, tokenizer, 1)
     yield "device", check_device
-    yield "model", lambda: check_model(cfg, sources, environ)
+    yield "model", lambda: check_model(cfg, sources)
     yield "sampler", lambda: check_sampler(cfg)
     yield "output", lambda: check_output_dir(cfg, resume)
 
@@ -431,7 +432,6 @@ def checks(
 def run(
     cfg: TrainConfig,
     sources: Mapping[str, str],
-    environ: Mapping[str, str],
     *,
     resume: bool = False,
     write: Callable[[str], None] = print,
@@ -444,7 +444,7 @@ def run(
     quiet_libraries()
     hub_logging.set_verbosity_error()  # one line per check: the hub client's retries are not ours to print
     started, failed = time.monotonic(), 0
-    for name, check in checks(cfg, sources, environ, resume):
+    for name, check in checks(cfg, sources, resume):
         try:
             line = f"ok    {name}: {check()}"
         except Skipped as why:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from config import ConfigError
+from envflags import ConfigError
 from multipl_e import choose_split, split_source
 
 ROOT = Path(__file__).resolve().parent

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from config import ConfigError
+from envflags import ConfigError
 from problems import parse_problem
 from rewards import END_MARKER, RewardConfig, own_definition, score_completion
 from settings import TrainConfig

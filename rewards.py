@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import config
-from config import ConfigError, setting
+import envflags
+from envflags import ConfigError, setting
 from multipl_e import repair_problems
 from ocaml_sandbox import Job, Limits, Outcome, SandboxPool, first_failure
 from problem_check import check_source
@@ -495,7 +495,7 @@ def score_batch(
 ) -> list[dict]:
     """Breakdowns for many completions at once. Each item: problem, tests, completion, optional
     truncated and problem_id. Without `pool`, a process-wide one for cfg's sandbox settings."""
-    cfg = cfg or config.from_env(RewardConfig)
+    cfg = cfg or envflags.from_env(RewardConfig)
     weights = cfg.weights_at(epoch)
     prepared = [
         prepare(it.get("problem"), it.get("tests"), it.get("completion"), bool(it.get("truncated")), cfg)
@@ -543,10 +543,17 @@ class SyntaxAwareReward:
     __name__ = "syntax_aware_reward"
 
     def __init__(
-        self, cfg: RewardConfig, log_dir: Path | None = None, max_completion_length: int | None = None
+        self,
+        cfg: RewardConfig,
+        log_dir: Path | None = None,
+        max_completion_length: int | None = None,
+        *,
+        completion_columns: bool = False,
     ):
         self.cfg = cfg
         self.max_completion_length = max_completion_length
+        # problem_id, stage and message added to TRL's completion log, for the dashboard's table only.
+        self.completion_columns = completion_columns
         self.pool = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
         self.logs: dict[str, int] = {}
         # While held (dynamic sampling), a call's lines wait, in completion order, for write_held's marks.
@@ -598,7 +605,7 @@ class SyntaxAwareReward:
                 log_metric(f"stages/{stage}", counts[stage] / n)
             log_metric("groups/solved", solved_share(problems, [b["stage"] for b in breakdowns]))
         log_extra = kwargs.get("log_extra")
-        if log_extra is not None:  # TRL's completion log: the dashboard's table of completions reads them
+        if self.completion_columns and log_extra is not None:
             log_extra("problem_id", [str(b["problem_id"]) for b in breakdowns])
             log_extra("stage", [b["stage"] for b in breakdowns])
             log_extra("message", [completion_message(b) for b in breakdowns])
@@ -670,13 +677,13 @@ def main(argv: list[str] | None = None) -> int:
         "problems", type=Path, help="JSONL, CSV or parquet with id, prompt (or problem), tests"
     )
     score.add_argument("completions", type=Path, help="JSONL with problem_id, completion, optional truncated")
-    config.add_arguments(score, RewardConfig)
+    envflags.add_arguments(score, RewardConfig)
     check = commands.add_parser("check", help="name each problem whose tests or reference solution fail")
     check.add_argument("problems", help="a problems file, or a dataset id (ID:CONFIG[:SPLIT] for MultiPL-E)")
-    config.add_arguments(check, RewardConfig)
+    envflags.add_arguments(check, RewardConfig)
     args = parser.parse_args(argv)
     try:
-        cfg, _ = config.resolve(RewardConfig, args)
+        cfg, _ = envflags.resolve(RewardConfig, args)
     except ConfigError as exc:
         parser.error(str(exc))
     if args.command == "check":

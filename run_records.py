@@ -8,12 +8,14 @@ import json
 import math
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from config import ConfigError
+from envflags import ConfigError
+from ocaml_sandbox import ToolchainMissing
 from problems import ROOT
 from rewards import STAGES
 
@@ -329,6 +331,16 @@ def resume_point(output_dir: str, resume: bool) -> Path | None:
 def latest_checkpoint(output_dir: Path) -> Path | None:
     checkpoints = [p for p in output_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
     return max(checkpoints, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def exit_status(command: Callable[[], int | None]) -> int:
+    """A command line's exit status: `command()`'s (0 for None), or 2 when a setting or the missing toolchain
+    stops it, which is then one `error:` line on stderr however deep it was raised."""
+    try:
+        return command() or 0
+    except (ConfigError, ToolchainMissing) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 def quiet_libraries() -> None:

@@ -1,7 +1,8 @@
 """Every setting of a run, declared once: `TrainConfig`, the reward's settings and the trainer's.
 
-Each field names its env variable, its default and its help; `config.py` turns the fields into CLI flags, the
-resolution flag > env > default, the checks, and the generated table in docs/configuration.md. Nothing here
+Each field names its env variable, its default and its help; `envflags.py`, the mechanism, turns the fields
+into CLI flags, the resolution flag > env > default, the checks, and the generated table in
+docs/configuration.md. Nothing here
 imports torch (GRPO_GENERATION=auto asks it only where libcuda shows a GPU), so a bad value stops in well
 under a second, before any model loads.
 """
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from config import ConfigError, setting
+from envflags import ConfigError, setting
 from problems import DATASET_BUILDERS, bundled_path
 from rewards import RewardConfig
 

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import config
-from config import ConfigError
+import envflags
+from envflags import ConfigError
 from evaluate import (
     DEFAULT_BATCH_SIZE,
     evaluate_model,
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.n < 1 or args.k < 1:
         parser.error("-n and -k must be at least 1")
     try:
-        cfg = config.from_env(TrainConfig)
+        cfg = envflags.from_env(TrainConfig)
         if args.adapter and not (args.adapter / "adapter_config.json").is_file():
             raise ConfigError(f"--adapter {str(args.adapter)!r}: no adapter_config.json there")
         source = args.problems or cfg.training_dataset

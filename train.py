@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import config
 import dashboard
 import demo
-from config import ConfigError
+import envflags
 from demo import DEMO_SETTINGS
+from envflags import ConfigError
 from evaluate import held_out_evaluation, split_held_out
-from ocaml_sandbox import ToolchainMissing, check_toolchain
+from ocaml_sandbox import check_toolchain
 from problem_check import leave_out_broken
 from problems import load_problems
 from prompts import build_sft_dataset, build_train_dataset, check_few_shot, fitting_prompts, load_tokenizer
@@ -39,6 +39,7 @@ from rewards import SyntaxAwareReward, reference_program
 from run_records import (
     append_log_line,
     console,
+    exit_status,
     format_eval_line,
     format_log_line,
     format_sft_line,
@@ -79,14 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--merge-to", metavar="DIR", help="after training, write base model + adapter merged to DIR"
     )
-    config.add_arguments(parser, TrainConfig)
+    envflags.add_arguments(parser, TrainConfig)
     return parser
 
 
 def parse_config(
     argv: list[str] | None = None, environ: Mapping[str, str] | None = None, *, demo: bool = False
 ) -> tuple[TrainConfig, dict[str, str]]:
-    """Settings from flags > env > defaults (the demo's settings stand in for env); raises ConfigError."""
+    """Settings from flags > env > defaults (the demo's settings stand in for env), and where each came from;
+    that map also holds `generation_reason`, why GRPO_GENERATION resolved as it did. Raises ConfigError."""
     args, _ = build_parser().parse_known_args(argv)
     environ = dict(os.environ if environ is None else environ)
     if "GRPO_USE_VLLM" in environ:  # an .envrc from before GRPO_GENERATION
@@ -96,7 +98,7 @@ def parse_config(
         )
     if demo:
         environ.update(DEMO_SETTINGS)
-    cfg, sources = config.resolve(TrainConfig, args, environ)
+    cfg, sources = envflags.resolve(TrainConfig, args, environ)
     if demo:
         demo_fields = {
             f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("env") in DEMO_SETTINGS
@@ -106,9 +108,10 @@ def parse_config(
             cfg = dataclasses.replace(cfg, model_id=str(Path(cfg.output_dir) / "tiny-model"))
             sources["model_id"] = "demo"
     check_paths(cfg, sources)  # before auto's sampler, which imports torch where a GPU shows: no error does
-    # Resolved here, so that --print-config and learning.log's header show what auto became; the source
-    # "auto" tells the compiled sampler that a failed compile may fall back to plain sampling.
-    generation, _ = generation_choice(cfg.generation, environ)  # a refused explicit `compiled` stops here
+    # Resolved here, so that --print-config and learning.log's header show what auto became (and --check
+    # why); the source "auto" tells the compiled sampler that a failed compile may fall back to plain
+    # sampling. A refused explicit `compiled` stops here.
+    generation, sources["generation_reason"] = generation_choice(cfg.generation, environ)
     if cfg.generation == "auto":
         cfg = dataclasses.replace(cfg, generation=generation)
         sources["generation"] = "auto"
@@ -126,7 +129,8 @@ def grpo_args(cfg: TrainConfig, use_bf16: bool):
     # The seed's step: GRPO_BATCH_SIZE prompts x GRPO_NUM_GENERATIONS completions, sampled in one round
     # (TRL needs a round to hold whole groups) and trained in passes of GRPO_BATCH_SIZE completions. TRL
     # samples a round every gradient_accumulation_steps passes, so every optimizer step gets fresh rewards
-    # and any batch works with any group size.
+    # and any batch works with any group size. Each setting is passed by its TRL name, one line each, so that
+    # the list reads against TRL's GRPOConfig (a loop over names would hide which ones are passed).
     return GRPOConfig(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
@@ -230,9 +234,10 @@ def train(
         note(tracking)
 
     problems = load_problems(cfg.training_dataset, warn=note)
-    with args.main_process_first(desc="problem check"):  # the others read its cached verdicts
+    # The main process checks the training and held-out problems first; the others read its cached verdicts.
+    with args.main_process_first(desc="problem check"):
         problems, _ = leave_out_broken(problems, cfg, reference_program, note, what="TRAINING_DATASET")
-    problems, held_out = split_held_out(problems, cfg, note)
+        problems, held_out = split_held_out(problems, cfg, note)
     tokenizer = load_tokenizer(cfg.model_id)
     dataset = build_train_dataset(problems, tokenizer, cfg, note)
     if held_out:  # over-long prompts dropped as training drops them: evaluation keeps the training shape
@@ -259,7 +264,10 @@ def train(
     adapter_dir = output_dir / "adapter"
     card = lambda: model_card(cfg, sources, metrics_path, adapter_dir)
     reward = SyntaxAwareReward(
-        cfg, log_dir=output_dir / "reward_logs", max_completion_length=cfg.max_completion_length
+        cfg,
+        log_dir=output_dir / "reward_logs",
+        max_completion_length=cfg.max_completion_length,
+        completion_columns=tracking is not None,  # with the dashboard (GRPO_REPORT_TO=trackio) only
     )
     lines = board = None
     try:
@@ -289,9 +297,10 @@ def train(
         # On --resume the monitor starts from what was logged up to the checkpoint (it cuts at the step).
         board = dashboard.install(trainer, output_dir.name, dataclasses.asdict(cfg), reward.__name__)
         health = HealthMonitor(
-            dashboard.with_alerts(write_line, board),
+            write_line,
             cfg.stop_on_red_flags,
             earlier=read_jsonl(metrics_path) if resume_from else [],
+            alert=board.alert if board else None,
         )
         trainer.add_callback(health)
         if held_out:
@@ -438,32 +447,32 @@ def run_demo(cfg: TrainConfig, sources: dict[str, str], args: argparse.Namespace
     demo.print_summary(Path(cfg.output_dir), adapter_dir, seconds=time.monotonic() - started)
 
 
-def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.config_table:
-        print(config.markdown_table(TrainConfig))
+def run_command(args: argparse.Namespace, argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
+    """What the command line asks for, run; its exit status."""
+    cfg, sources = parse_config(argv, environ, demo=args.demo)
+    if args.print_config:
+        resolved = {k: {"value": v, "source": sources[k]} for k, v in dataclasses.asdict(cfg).items()}
+        print(json.dumps(resolved, indent=2))
         return 0
-    try:
-        cfg, sources = parse_config(argv, environ, demo=args.demo)
-        if args.print_config:
-            resolved = {k: {"value": v, "source": sources[k]} for k, v in dataclasses.asdict(cfg).items()}
-            print(json.dumps(resolved, indent=2))
-            return 0
-        if args.check:  # the preflight (preflight.py): one ok/FAIL/skip line per check
-            import preflight
+    if args.check:  # the preflight (preflight.py): one ok/FAIL/skip line per check
+        import preflight
 
-            return preflight.run(cfg, sources, os.environ if environ is None else environ, resume=args.resume)
-        if args.demo:
-            run_demo(cfg, sources, args)
-        elif args.sft:
-            sft(cfg, sources)
-        else:
-            train(cfg, sources, resume=args.resume, merge_to=args.merge_to)
-    except (ConfigError, ToolchainMissing) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return preflight.run(cfg, sources, resume=args.resume)
+    if args.demo:
+        run_demo(cfg, sources, args)
+    elif args.sft:
+        sft(cfg, sources)
+    else:
+        train(cfg, sources, resume=args.resume, merge_to=args.merge_to)
     return 0
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.config_table:
+        print(envflags.markdown_table(TrainConfig))
+        return 0
+    return exit_status(lambda: run_command(args, argv, environ))
 
 
 if __name__ == "__main__":

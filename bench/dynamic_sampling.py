@@ -8,7 +8,7 @@ Experiments (three seeds each; the demo's own settings, but 20 GRPO steps instea
 an empty environment):
 - demo: `train.py --demo`, whose SFT warm start leaves about half the groups mixed. Here a third arm,
   `fill`, tops a short step up with the dropped groups of highest reward instead of training it smaller
-  (the trainer's bench-only `short_steps="fill"`): the demo's late steps, where most groups are solved, are
+  (`filling_trainer`, a subclass of the trainer): the demo's late steps, where most groups are solved, are
   short;
 - hard: the demo with its SFT stopped at 60 of 180 steps, so that most groups fail alike (tie at a low
   reward), the seed's situation;
@@ -33,11 +33,15 @@ import sys
 import time
 from pathlib import Path
 from statistics import mean
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "grpo_runs" / "dynamic-sampling"
@@ -204,15 +208,47 @@ def plot(seeds: list[int]) -> None:
     fig.savefig(PLOT, dpi=80)
 
 
+def filling_trainer(base: type) -> type:
+    """`base` (DynamicSamplingTrainer or a subclass of it) as the fill arm trains: a step short of a round's
+    groups is topped up with the dropped groups of highest mean reward, which carry no advantage but do
+    count in the loss's normaliser."""
+
+    class FillingTrainer(base):
+        def _sample_informative_groups(self, inputs: list[dict]) -> dict:
+            self.group_means: list[list[float]] = []  # per round of the step, this process's groups
+            return super()._sample_informative_groups(inputs)
+
+        def _rewards_of_round(self) -> torch.Tensor:
+            rewards = super()._rewards_of_round()  # every process's, once per round
+            means = rewards.view(-1, self.num_generations).nanmean(dim=1)
+            local = len(means) // self.accelerator.num_processes
+            first = self.accelerator.process_index * local
+            self.group_means.append(means[first : first + local].tolist())
+            return rewards
+
+        def _choose_kept(self, rounds: list, trained: int) -> None:
+            super()._choose_kept(rounds, trained)
+            target = len(rounds[0].tied)  # a round's groups on this process
+            dropped = [
+                (means[g], r, g)
+                for r, means in zip(rounds, self.group_means, strict=True)
+                for g in range(len(r.kept))
+                if not r.kept[g]
+            ]
+            for _, r, g in sorted(dropped, key=lambda d: d[0], reverse=True)[: target - trained]:
+                r.kept[g] = True
+
+    return FillingTrainer
+
+
 def train(mode: str, argv: list[str]) -> int:
-    """train.py's main in this process, with the fill arm's handling of short steps set."""
+    """train.py's main in this process; the fill arm's with its trainer."""
     sys.path.insert(0, str(ROOT))
     import dynamic_sampling
     import train
 
-    dynamic_sampling.DynamicSamplingTrainer.__init__.__kwdefaults__["short_steps"] = (
-        "fill" if mode == "fill" else "smaller"
-    )
+    if mode == "fill":  # train.py takes the trainer class from dynamic_sampling when the run starts
+        dynamic_sampling.DynamicSamplingTrainer = filling_trainer(dynamic_sampling.DynamicSamplingTrainer)
     return train.main(argv)
 
 

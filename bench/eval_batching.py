@@ -21,8 +21,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import config  # noqa: E402
 import demo  # noqa: E402
+import envflags  # noqa: E402
 import evaluate  # noqa: E402
 import settings  # noqa: E402
 from problems import BUNDLED_PROBLEMS, load_problems  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     # An empty environment but for the demo's completion length: the shell's .envrc must not change it.
     max_completion = demo.DEMO_SETTINGS["GRPO_MAX_COMPLETION"]
-    cfg = config.from_env(settings.TrainConfig, {"GRPO_MAX_COMPLETION": max_completion})
+    cfg = envflags.from_env(settings.TrainConfig, {"GRPO_MAX_COMPLETION": max_completion})
     problems = evaluate.pick_problems(load_problems(str(BUNDLED_PROBLEMS)), PROBLEMS, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         model, tokenizer = evaluate.load_base(str(demo.build_tiny_model(Path(tmp) / "model")))

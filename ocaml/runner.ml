@@ -23,11 +23,9 @@
 
 let devnull = lazy (Unix.openfile "/dev/null" [ Unix.O_RDWR ] 0)
 
-(* On Unix a descriptor is its number. The runner's open-file limit (64, set by ocaml_sandbox.py)
-   bounds the numbers in use; Dynlink's is one of the lowest free ones. *)
+(* On Unix a descriptor is its number. The runner's open-file limit (ocaml_sandbox.py sets it and
+   passes it as --open-files) bounds the numbers in use; Dynlink's is one of the lowest free ones. *)
 let descriptor (n : int) : Unix.file_descr = Obj.magic n
-
-let open_files_limit = 64
 
 let drop_to uid =
   Unix.setgroups [||];
@@ -35,11 +33,11 @@ let drop_to uid =
   Unix.setuid uid;
   if Unix.getuid () <> uid || Unix.geteuid () <> uid || Unix.getgid () <> uid then failwith "uid drop failed"
 
-let seal ~uid cmo keep () =
+let seal ~uid ~open_files cmo keep () =
   try
     Unix.unlink cmo;
     let null = Lazy.force devnull in
-    for n = 3 to open_files_limit - 1 do
+    for n = 3 to open_files - 1 do
       let fd = descriptor n in
       if fd <> keep && fd <> null then
         match Unix.fstat fd with
@@ -54,35 +52,18 @@ let seal ~uid cmo keep () =
     flush report;
     Unix._exit 4
 
-(* [text] with each occurrence of [sub] replaced by [by]. *)
-let replace ~sub ~by text =
-  let n = String.length sub in
-  let buffer = Buffer.create (String.length text) in
-  let rec loop i =
-    if i > String.length text - n then Buffer.add_substring buffer text i (String.length text - i)
-    else if n > 0 && String.sub text i n = sub then (
-      Buffer.add_string buffer by;
-      loop (i + n))
-    else (
-      Buffer.add_char buffer text.[i];
-      loop (i + 1))
-  in
-  loop 0;
-  Buffer.contents buffer
-
-let child ~uid cmo nonce read_end write_end =
+let child ~uid ~open_files cmo nonce read_end write_end =
   ignore (Unix.setsid ());
   Unix.close read_end;
   let null = Lazy.force devnull in
   List.iter (fun fd -> Unix.dup2 ~cloexec:false null fd) [ Unix.stdin; Unix.stdout; Unix.stderr ];
   let channel = Unix.out_channel_of_descr write_end in
   Tally.pending := Some { Tally.nonce; channel };
-  Tally.sealing := seal ~uid cmo write_end;
+  Tally.sealing := seal ~uid ~open_files cmo write_end;
   (try Dynlink.loadfile cmo
    with Dynlink.Error err ->
-     (* The logs name the test program, not the worker's folder. *)
-     let message = replace ~sub:cmo ~by:"the test program" (Dynlink.error_message err) in
-     output_string channel ("! " ^ Tally.printable message ^ "\n");
+     (* It names the unit's path, which ocaml_sandbox.py scrubs from the logs. *)
+     output_string channel ("! " ^ Tally.printable (Dynlink.error_message err) ^ "\n");
      flush channel;
      Unix._exit 3);
   exit 0
@@ -146,11 +127,11 @@ let sweep ~uid =
     reap_all ()
   end
 
-let run ~uid ~sweep_after cmo nonce timeout_ms =
+let run ~uid ~open_files ~sweep_after cmo nonce timeout_ms =
   let read_end, write_end = Unix.pipe ~cloexec:true () in
   flush stdout;
   match Unix.fork () with
-  | 0 -> child ~uid cmo nonce read_end write_end
+  | 0 -> child ~uid ~open_files cmo nonce read_end write_end
   | pid ->
       Unix.close write_end;
       let buffer = Buffer.create 256 in
@@ -172,14 +153,17 @@ let run ~uid ~sweep_after cmo nonce timeout_ms =
       print_string ("E " ^ ending ^ "\n");
       flush stdout
 
-(* Arguments: [--uid N] [--sweep]. *)
+(* Arguments: --open-files N (the open-file limit it runs under) [--uid N] [--sweep]. *)
 let () =
-  let rec options uid sweep = function
-    | "--uid" :: n :: rest -> options (Some (int_of_string n)) sweep rest
-    | "--sweep" :: rest -> options uid true rest
-    | _ -> (uid, sweep)
+  let rec options open_files uid sweep = function
+    | "--open-files" :: n :: rest -> options (Some (int_of_string n)) uid sweep rest
+    | "--uid" :: n :: rest -> options open_files (Some (int_of_string n)) sweep rest
+    | "--sweep" :: rest -> options open_files uid true rest
+    | _ -> (open_files, uid, sweep)
   in
-  let uid, sweep_after = options None false (List.tl (Array.to_list Sys.argv)) in
+  let open_files, uid, sweep_after = options None None false (List.tl (Array.to_list Sys.argv)) in
+  (* Without it the child would not know which descriptors to close before the completion runs. *)
+  let open_files = match open_files with Some n -> n | None -> failwith "runner: --open-files N missing" in
   Sys.set_signal Sys.sigpipe Sys.Signal_ignore;
   (* Initialises Dynlink here, once, rather than in every child. Completions cannot name Unix or
      Dynlink although they are linked in: the checker's load path holds only the stdlib and Tally. *)
@@ -189,7 +173,7 @@ let () =
   try
     while true do
       match String.split_on_char ' ' (input_line stdin) with
-      | [ cmo; nonce; timeout_ms ] -> run ~uid ~sweep_after cmo nonce (int_of_string timeout_ms)
+      | [ cmo; nonce; timeout_ms ] -> run ~uid ~open_files ~sweep_after cmo nonce (int_of_string timeout_ms)
       | _ ->
           print_string "E bad-request\n";
           flush stdout

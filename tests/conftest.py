@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,15 @@ def solution_batch(tokenizer, device, tokens: int = 40):
     ids, mask = prompt_batch(tokenizer, problems)
     completion = torch.tensor([tokenizer(p["solution"])["input_ids"][:tokens] for p in problems])
     return ids.to(device), mask.to(device), completion.to(device)
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess]:
+    """`python ARGS...` as a user runs it, from the repository root, its output captured as text."""
+
+    def run(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    return run

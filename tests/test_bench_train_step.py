@@ -5,10 +5,6 @@ tolerance are the CPU's."""
 
 import os
 import re
-import subprocess
-import sys
-
-from problems import ROOT
 
 COLUMNS = [
     "device",
@@ -26,14 +22,11 @@ COLUMNS = [
 ]
 
 
-def test_tiny_runs_print_one_row_per_sampling_path_and_the_checks() -> None:
-    result = subprocess.run(
-        [sys.executable, "bench/train_step.py", "--tiny", "--steps", "2", "--gradient-checkpointing", "off"],
-        cwd=ROOT,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},  # torch (and libcuda) see no GPU
-        capture_output=True,
-        text=True,
+def test_tiny_runs_print_one_row_per_sampling_path_and_the_checks(run_python) -> None:
+    result = run_python(
+        *("bench/train_step.py", "--tiny", "--steps", "2", "--gradient-checkpointing", "off"),
         timeout=600,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},  # torch (and libcuda) see no GPU
     )
     assert result.returncode == 0, result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]

@@ -14,11 +14,12 @@ from html import unescape
 from pathlib import Path
 
 import pytest
+from transformers import TrainerControl, TrainerState
 
 import analyze
 import dashboard
 import monitor
-from config import ConfigError
+from envflags import ConfigError
 from problems import BUNDLED_PROBLEMS, ROOT
 from rewards import STAGES, RewardConfig, completion_message, score_completion
 from settings import TrainConfig
@@ -84,7 +85,7 @@ def test_a_run_is_watched_in_the_dashboard_in_a_real_browser(tiny_model: Path, t
     assert (runs / "first" / "trackio" / "ocaml-grpo.db").is_file()
     log = (runs / "first" / "learning.log").read_text(encoding="utf-8")
     assert f"# dashboard: trackio logs to {runs / 'first' / 'trackio'}" in log
-    health = [line for line in log.splitlines() if dashboard.alert_of(line)]  # WARNING and OK lines
+    health = [line for line in log.splitlines() if line.startswith(("WARNING [Epoch", "OK [Epoch"))]
     assert health, log  # five steps of a random model: entropy and grad norm are out of their bands
     breakdown = (runs / "first" / "reward_logs" / "syntax_aware_breakdown.jsonl").read_text(encoding="utf-8")
     problem_ids = {str(json.loads(line)["problem_id"]) for line in breakdown.splitlines()}
@@ -110,7 +111,7 @@ def test_a_run_is_watched_in_the_dashboard_in_a_real_browser(tiny_model: Path, t
         for section, metric in (("train", "reward"), ("train", "frac_zero_std"), ("held-out", "pass@1")):
             assert re.search(rf"▾ {re.escape(section)} \(\d+\).* {re.escape(metric)} first", page), page
         assert re.search(r"▾ stage share \(8\)", page), page
-        title = dashboard.alert_of(health[0])[1]
+        title = health[0].split("] ", 1)[1].split(" over ")[0]  # the metric and its value: `entropy=3.2`
         assert f"Alerts ({len(health)})" in page and title in page, page  # the health monitor's lines
 
         tables = render(f"{base}media?project=first", tmp_path / "chromium")
@@ -170,14 +171,18 @@ def test_the_dashboard_names_metrics_as_learning_log_does() -> None:
 
 
 def test_health_lines_become_alerts_named_by_their_metric() -> None:
-    check = monitor.check_entropy_high(
-        [{"step": s, "epoch": s / 100, "entropy": 3.0} for s in range(10)], monitor.Knobs()
-    )
-    assert check.ok is False
-    level, title, text = dashboard.alert_of(check.warning_line(0.1, 10))
-    assert (level, title) == ("warn", "entropy=3") and text.startswith("WARNING [Epoch 0.10] entropy=3")
-    assert dashboard.alert_of(check.ok_line(0.2, 10))[:2] == ("info", "entropy=3")
-    assert dashboard.alert_of("[Epoch 0.10]  loss=0.1") is None
+    lines: list[str] = []
+    alerts: list[tuple[str, str, str]] = []
+    health = monitor.HealthMonitor(lines.append, False, alert=lambda *alert: alerts.append(alert))
+    state = TrainerState(is_world_process_zero=True)
+    for step, entropy in enumerate([3.0] * 10 + [0.15] * 20, 1):  # too high, then back within the band
+        state.global_step, state.epoch = step, step / 100
+        health.on_log(
+            None, state, TrainerControl(), logs={"reward": 0.5, "reward_std": 0.1, "entropy": entropy}
+        )
+    assert [text for _, _, text in alerts] == lines  # every line the monitor writes, as an alert
+    entropy = [(level, title) for level, title, text in alerts if text.split("] ")[1].startswith("entropy=")]
+    assert entropy == [("warn", "entropy=3"), ("info", "entropy=0.15")]
 
 
 def test_the_message_column_says_what_the_toolchain_said() -> None:
@@ -220,14 +225,8 @@ def test_the_dashboard_finds_each_run_folder_and_names_it(tmp_path: Path) -> Non
         dashboard.start(tmp_path / "grpo_runs" / "empty", view)
 
 
-def test_make_dashboard_without_data_says_so_in_one_line(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "analyze.py", "--dashboard", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def test_make_dashboard_without_data_says_so_in_one_line(tmp_path: Path, run_python) -> None:
+    result = run_python("analyze.py", "--dashboard", str(tmp_path), timeout=120)
     assert result.returncode == 2
     assert result.stderr == (
         f"error: {tmp_path}: no trackio data under it (a run with GRPO_REPORT_TO=trackio writes "

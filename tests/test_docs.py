@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import config
+import envflags
 from settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def envrc_values() -> dict[str, str]:
 
 
 def test_readme_settings_overview_matches_the_settings_and_envrc() -> None:
-    defaults = {f.metadata["env"]: f"`{config._shown(f.default)}`" for f in config._settings(TrainConfig)}
+    defaults = {f.metadata["env"]: f"`{envflags._shown(f.default)}`" for f in envflags._settings(TrainConfig)}
     envrc = envrc_values()
     rows = overview_rows()
     assert len(rows) >= 8

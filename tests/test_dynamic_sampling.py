@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.dynamic_sampling import filling_trainer
 from dynamic_sampling import (
     POSITION_FILE,
     DynamicSamplingTrainer,
@@ -113,7 +114,6 @@ def trainer(tiny_model: Path, out: Path, reward, *, cls=LossSpy, names=NAMES, **
 
     mode = settings.pop("dynamic_sampling", "filter")
     max_rounds = settings.pop("max_rounds", 3)
-    short_steps = settings.pop("short_steps", "smaller")
     args = GRPOConfig(
         output_dir=str(out),
         per_device_train_batch_size=2,
@@ -134,7 +134,6 @@ def trainer(tiny_model: Path, out: Path, reward, *, cls=LossSpy, names=NAMES, **
 
     notes: list[str] = []
     kwargs = {"dynamic_sampling": mode, "max_rounds": max_rounds, "note": notes.append} if cls else {}
-    kwargs |= {"short_steps": short_steps} if cls else {}
     made = (cls or GRPOTrainer)(
         model=str(tiny_model),
         reward_funcs=[reward],
@@ -241,8 +240,9 @@ def test_a_step_that_trained_no_group_prints_entropy_n_a_which_the_readers_take_
 def test_the_benchs_fill_arm_tops_a_short_step_up_with_the_best_dropped_groups(
     tiny_model: Path, tmp_path: Path
 ):
+    filling = filling_trainer(LossSpy)
     t = trainer(
-        tiny_model, tmp_path, DesignedReward(set(NAMES[1:]), 2), max_steps=2, max_rounds=1, short_steps="fill"
+        tiny_model, tmp_path, DesignedReward(set(NAMES[1:]), 2), cls=filling, max_steps=2, max_rounds=1
     )
     t.train()
     rows = logged(t)

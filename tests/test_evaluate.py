@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import config
+import envflags
 import evaluate
 import test_base_model as tbm
 from problems import BUNDLED_PROBLEMS, load_problems
@@ -68,7 +68,7 @@ def test_summary_of_completions_scored_by_the_real_reward(bundled: dict[str, dic
             for i, (p, text, cut) in enumerate(samples)
         ],
         [easy, medium, hard],
-        config.from_env(TrainConfig, {}),
+        envflags.from_env(TrainConfig, {}),
     )
     assert [r["stage"] for r in rows] == ["passed", "passed", "type_error", "passed", "gated", "gated"]
     assert [r["difficulty"] for r in rows] == ["easy", "easy", "medium", "medium", "hard", "hard"]
@@ -203,6 +203,43 @@ def test_sampling_a_training_peft_model_leaves_its_state_alone(tiny_model: Path)
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_plain_sampling_generates_only_the_rows_asked_for(tiny_model: Path, bundled: dict[str, dict]) -> None:
+    model, tokenizer = evaluate.load_base(str(tiny_model))
+    rows_per_call: list[int] = []
+    generate = model.generate
+
+    def counted(**kwargs):  # the model's own generate, its rows counted
+        rows_per_call.append(kwargs["input_ids"].shape[0])
+        return generate(**kwargs)
+
+    model.generate = counted
+    problems = [bundled["count_vowels"], bundled["lcs_length"], bundled["json_to_string"]]
+    assert len(sample(model, tokenizer, problems, batch_size=4)) == 6
+    assert rows_per_call == [4, 2]  # no repeats to fill the last call up
+
+
+def test_a_short_last_batch_samples_through_the_compiled_samplers_one_graph(
+    tiny_model: Path, bundled: dict[str, dict]
+) -> None:
+    """Six completions in batches of a four-row round: the last call has two rows, which the compiled sampler
+    pads to the round itself (evaluate.py adds no rows), so the evaluation compiles one graph."""
+    from peft import LoraConfig, get_peft_model
+
+    from generation import CompiledSampler
+
+    torch._dynamo.reset()  # this test's compile is counted on its own
+    model, tokenizer = evaluate.load_base(str(tiny_model))
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
+    lines: list[str] = []
+    sampler = CompiledSampler(2048, 4, log=lines.append)
+    assert sampler.install(model)
+    problems = [bundled["count_vowels"], bundled["lcs_length"], bundled["json_to_string"]]
+    rows = sample(model, tokenizer, problems, batch_size=4)
+    assert [(r["problem_id"], r["sample"]) for r in rows] == [(p["id"], i) for p in problems for i in (0, 1)]
+    assert sampler.calls == 2 and sampler.compiles == 1
+    assert lines[1].startswith("sampling compiled: 1 graph(s) for 4 sequences x 2056 cache positions")
+
+
 def test_cli_scores_a_model_and_an_adapter_and_writes_the_report(
     tiny_model: Path,
     adapter: Path,
@@ -267,6 +304,7 @@ def test_same_seed_same_problems() -> None:
     assert evaluate.pick_problems(problems, None, seed=0) == problems
 
 
+# The fixtures of the new CLI's test above: pytest passes each by its parameter's name.
 def test_old_cli_compares_base_and_adapter_on_the_tiny_model(
     tiny_model: Path,
     adapter: Path,

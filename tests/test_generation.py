@@ -343,8 +343,14 @@ def test_auto_checkpointing_follows_the_model_and_the_card(tmp_path: Path, tiny_
     assert gradient_checkpointing("off", "no/such-model", seed_pass, 2**30) == (False, "as set")
 
 
-def test_print_config_and_the_header_show_the_resolved_sampler() -> None:
-    cfg, sources = train.parse_config([], {})
-    assert (cfg.generation, sources["generation"]) == (settings.generation_choice("auto", {})[0], "auto")
-    cfg, sources = train.parse_config(["--generation", "plain"], {"GRPO_GENERATION": "compiled"})
-    assert (cfg.generation, sources["generation"]) == ("plain", "flag")
+def test_print_config_and_the_header_show_the_resolved_sampler(monkeypatch) -> None:
+    def resolved(argv: list[str], environ: dict[str, str]) -> tuple[str, str, str]:
+        cfg, sources = train.parse_config(argv, environ)
+        return cfg.generation, sources["generation"], sources["generation_reason"]
+
+    monkeypatch.setattr(settings, "torch_cuda_missing", lambda: "no CUDA device")  # as on this box
+    assert resolved([], {}) == ("plain", "auto", "auto: no CUDA device")
+    monkeypatch.setattr(settings, "torch_cuda_missing", lambda: None)  # as on a CUDA box
+    assert resolved([], {}) == ("compiled", "auto", "auto: torch compiles for CUDA here")
+    assert resolved([], {"ACCELERATE_USE_FSDP": "1"}) == ("plain", "auto", "auto: FSDP shards the weights")
+    assert resolved(["--generation", "plain"], {"GRPO_GENERATION": "compiled"}) == ("plain", "flag", "as set")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import evaluate
 import multipl_e
 from problem_check import check_problems
 from rewards import RewardConfig, reference_program, score_batch
@@ -121,10 +122,10 @@ def test_protocol_samples_raw_continuations(tiny_model, one_torch_thread):
     protocol = multipl_e.Protocol(max_new_tokens=24)
     problems = fixture_problems()[:2]
     model.train()
-    samples = multipl_e.sample_continuations(
+    samples = evaluate.sample_continuations(
         model, tokenizer, problems, k=3, batch_size=4, seed=0, protocol=protocol
     )
-    again = multipl_e.sample_continuations(
+    again = evaluate.sample_continuations(
         model, tokenizer, problems, k=3, batch_size=4, seed=0, protocol=protocol
     )
     assert samples == again  # the seed fixes the stream

@@ -104,7 +104,7 @@ def test_the_model_line_estimates_the_seed_model_from_its_config_alone(tmp_path:
 
     Qwen2Config(**QWEN_CODER_1_5B, dtype="bfloat16").save_pretrained(tmp_path)  # the config, no weights
     cfg = TrainConfig(model_id=str(tmp_path), generation="plain")
-    line = preflight.check_model(cfg, {"generation": "flag"}, {})
+    line = preflight.check_model(cfg, {"generation": "flag", "generation_reason": "as set"})
     # 1.54B parameters in bf16; one round's static cache at the seed's shapes: 24 x (704 + 512) positions.
     assert line.startswith(
         f"{tmp_path}: 1.54B parameters, 2.9 GiB of weights; estimated peak 3.7 GiB sampling"

@@ -4,8 +4,6 @@ usable ones kept, verdicts cached by content."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -124,7 +122,7 @@ def test_leave_out_broken_keeps_usable_problems_and_names_the_others():
     assert kept[1]["solution"] == "\n  0"
 
 
-def test_rewards_check_cli_lists_broken_problems_and_exits_1(tmp_path):
+def test_rewards_check_cli_lists_broken_problems_and_exits_1(tmp_path, run_python):
     rows = [
         {"id": "good", "prompt": PROMPT, "tests": TESTS, "solution": SOLUTION},
         {"id": "wrong_solution", "prompt": PROMPT, "tests": TESTS, "solution": "\n  0"},
@@ -133,13 +131,7 @@ def test_rewards_check_cli_lists_broken_problems_and_exits_1(tmp_path):
     path = tmp_path / "problems.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     code = "import sys, rewards; c = rewards.main(sys.argv[1:]); assert 'torch' not in sys.modules; exit(c)"
-    run = subprocess.run(
-        [sys.executable, "-c", code, "check", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_python("-c", code, "check", str(path), timeout=120)
     assert run.returncode == 1, run.stderr
     assert run.stdout.splitlines() == [
         "no_tests: no tests",
@@ -147,13 +139,7 @@ def test_rewards_check_cli_lists_broken_problems_and_exits_1(tmp_path):
         "1 of 3 problems usable",
     ]
     path.write_text(json.dumps(rows[0]) + "\n")
-    run = subprocess.run(
-        [sys.executable, "rewards.py", "check", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_python("rewards.py", "check", str(path), timeout=120)
     assert (run.returncode, run.stdout) == (0, "1 of 1 problems usable\n")
 
 

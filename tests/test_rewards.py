@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import config
+import envflags
 import rewards
 from problems import unescape_line_breaks
 from rewards import END_MARKER, RewardConfig, SyntaxAwareReward, score_batch, score_completion
@@ -183,6 +183,26 @@ def test_line_gate_counts_code_lines_only():
     )
 
 
+def half_right(reward: SyntaxAwareReward, **kwargs) -> float:
+    """The reward, called as TRL calls it, of `  List.length xs` on PROBLEM: no END, half the tests pass."""
+    return asyncio.run(reward([None], ["  List.length xs"], problem=[PROBLEM], tests=[TESTS], **kwargs))[0]
+
+
+@pytest.mark.parametrize("dashboard", [False, True])
+def test_the_completion_log_gets_the_rewards_columns_only_for_the_dashboard(dashboard: bool):
+    columns: dict[str, list] = {}
+    reward = SyntaxAwareReward(RewardConfig(min_non_empty_lines=0), completion_columns=dashboard)
+    try:  # TRL's log_extra(column, values) adds a column
+        half_right(reward, problem_id=["count"], log_extra=columns.__setitem__)
+    finally:
+        reward.close()
+    if dashboard:
+        assert list(columns) == ["problem_id", "stage", "message"]
+        assert columns["problem_id"] == ["count"] and columns["stage"] == ["tests_failed"]
+    else:
+        assert columns == {}
+
+
 def test_curriculum_weights_follow_the_epoch():
     cfg = RewardConfig(min_non_empty_lines=0, reward_curriculum=True)
     assert cfg.weights_at(0.2) == (0.10, 0.40, 0.30, 0.20)
@@ -192,16 +212,7 @@ def test_curriculum_weights_follow_the_epoch():
     reward = SyntaxAwareReward(cfg)
     try:
         by_epoch = [
-            asyncio.run(
-                reward(
-                    [None],
-                    ["  List.length xs"],
-                    problem=[PROBLEM],
-                    tests=[TESTS],
-                    trainer_state=SimpleNamespace(epoch=epoch),
-                )
-            )[0]
-            for epoch in (0.1, 0.7, 1.2)
+            half_right(reward, trainer_state=SimpleNamespace(epoch=epoch)) for epoch in (0.1, 0.7, 1.2)
         ]
     finally:
         reward.close()
@@ -214,17 +225,17 @@ def test_curriculum_weights_follow_the_epoch():
 
 
 def test_reward_settings_are_checked():
-    with pytest.raises(config.ConfigError, match="sum to 1"):
+    with pytest.raises(envflags.ConfigError, match="sum to 1"):
         RewardConfig(reward_weight_tests=0.9)
-    with pytest.raises(config.ConfigError, match="REWARD_CURRICULUM_WEIGHTS"):
-        config.from_env(RewardConfig, {"REWARD_CURRICULUM_WEIGHTS": "0.5,0.5"})
-    with pytest.raises(config.ConfigError, match="needs 3 phases"):
-        config.from_env(
+    with pytest.raises(envflags.ConfigError, match="REWARD_CURRICULUM_WEIGHTS"):
+        envflags.from_env(RewardConfig, {"REWARD_CURRICULUM_WEIGHTS": "0.5,0.5"})
+    with pytest.raises(envflags.ConfigError, match="needs 3 phases"):
+        envflags.from_env(
             RewardConfig, {"REWARD_CURRICULUM_BOUNDARIES": "0.5,1.0", "REWARD_CURRICULUM_WEIGHTS": "0,0,0,1"}
         )
-    with pytest.raises(config.ConfigError, match="OCAML_SANDBOX"):
-        config.from_env(RewardConfig, {"OCAML_SANDBOX": "docker"})
-    assert config.from_env(RewardConfig, {"MIN_NON_EMPTY_LINES": "3"}).min_non_empty_lines == 3
+    with pytest.raises(envflags.ConfigError, match="OCAML_SANDBOX"):
+        envflags.from_env(RewardConfig, {"OCAML_SANDBOX": "docker"})
+    assert envflags.from_env(RewardConfig, {"MIN_NON_EMPTY_LINES": "3"}).min_non_empty_lines == 3
 
 
 def test_trl_callable_scores_plain_and_conversational_completions_and_logs(tmp_path):
@@ -288,7 +299,7 @@ def test_trl_callable_scores_plain_and_conversational_completions_and_logs(tmp_p
     assert sum(r["runaway_penalty_applied"] for r in breakdown) == 1
 
 
-def test_cli_scores_in_order_without_torch(tmp_path):
+def test_cli_scores_in_order_without_torch(tmp_path, run_python):
     completions = tmp_path / "completions.jsonl"
     rows = [
         {"problem_id": PROBLEMS[1]["id"], "completion": PROBLEMS[1]["solution"] + END_MARKER},
@@ -315,13 +326,7 @@ def test_cli_scores_in_order_without_torch(tmp_path):
     check = (
         "import sys, rewards; rewards.main(sys.argv[1:]); assert 'torch' not in sys.modules, 'torch imported'"
     )
-    quiet = subprocess.run(
-        [sys.executable, "-c", check, "score", "data/problems.jsonl", str(completions)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    quiet = run_python("-c", check, "score", "data/problems.jsonl", str(completions), timeout=120)
     assert quiet.returncode == 0, quiet.stderr
 
 
@@ -422,17 +427,13 @@ def test_cli_scores_escaped_problems_and_names_malformed_rows(tmp_path):
     assert [r["total"] for r in printed[:1] + printed[2:]] == [1.0] * len(PROBLEMS)
 
 
-def test_problem_files_name_what_is_wrong(tmp_path):
+def test_problem_files_name_what_is_wrong(tmp_path, run_python):
     not_an_object = tmp_path / "problems.jsonl"
     not_an_object.write_text('{"id": "a"}\n["id", "prompt"]\n')
     with pytest.raises(SystemExit, match=r"problems.jsonl:2: not a JSON object"):
         rewards.load_rows(not_an_object)
-    missing = subprocess.run(
-        [sys.executable, "rewards.py", "score", str(tmp_path / "nothing.jsonl"), str(not_an_object)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    missing = run_python(
+        "rewards.py", "score", str(tmp_path / "nothing.jsonl"), str(not_an_object), timeout=120
     )
     assert missing.returncode == 2 and "nothing.jsonl: No such file or directory" in missing.stderr
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import config
+import envflags
 import settings
 from conftest import run_train_py
 from problems import ROOT
@@ -222,20 +222,21 @@ def test_demo_settings_beat_env_but_not_flags(capsys) -> None:
 def test_help_lists_every_setting_with_env_and_default(monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "1000")  # argparse would wrap long defaults at their hyphens
     text = " ".join(build_parser().format_help().split())
-    for field in config._settings(TrainConfig):
-        assert f"[env {field.metadata['env']}, default {config._shown(field.default)}]" in text
+    for field in envflags._settings(TrainConfig):
+        assert f"[env {field.metadata['env']}, default {envflags._shown(field.default)}]" in text
 
 
 def test_readme_configuration_table_is_current() -> None:
     readme = CONFIGURATION_DOC.read_text(encoding="utf-8")
     found = re.search(r"<!-- config-table:start -->\n(.*?)\n<!-- config-table:end -->", readme, re.S)
     assert found, "docs/configuration.md lacks the config-table markers"
-    assert found.group(1) == config.markdown_table(TrainConfig), "regenerate: python train.py --config-table"
+    table = envflags.markdown_table(TrainConfig)
+    assert found.group(1) == table, "regenerate: python train.py --config-table"
 
 
 def test_config_table_flag_prints_the_table() -> None:
     result = run_train_py(["--config-table"], {})
-    assert result.returncode == 0 and result.stdout == config.markdown_table(TrainConfig) + "\n"
+    assert result.returncode == 0 and result.stdout == envflags.markdown_table(TrainConfig) + "\n"
 
 
 def test_envrc_holds_the_seeds_recommendations() -> None:

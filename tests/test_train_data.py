@@ -8,7 +8,7 @@ from pathlib import Path
 import datasets
 import pytest
 
-from config import ConfigError
+from envflags import ConfigError
 from problems import BUNDLED_PROBLEMS, load_problems
 from prompts import FEW_SHOT, build_prompt_messages, build_train_dataset, check_few_shot, prompt_token_count
 from rewards import END_MARKER, RewardConfig, score_completion

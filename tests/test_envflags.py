@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from config import ConfigError, add_arguments, flag_of, markdown_table, resolve, setting
+from envflags import ConfigError, add_arguments, flag_of, markdown_table, resolve, setting
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Settings declared once: each dataclass field names its env variable, help text and default.
+"""The mechanism of the settings (settings.py declares them): a dataclass field made with `setting(...)`
+names its env variable, help text and default; this module reads such fields from the env and the CLI.
 
 A field's CLI flag is its env variable in lower case with dashes and without the `GRPO_` prefix
 (`GRPO_NUM_GENERATIONS` -> `--num-generations`). Values resolve as flag > env > default, are parsed
