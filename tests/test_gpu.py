@@ -16,7 +16,6 @@ from trl import GRPOTrainer
 
 import train
 from bench.train_step import give_lora_an_effect, trainer_logprobs
-from config import ConfigError
 from conftest import (
     COMPILE_ERROR,
     LOGPROB_TOLERANCE,
@@ -28,6 +27,7 @@ from conftest import (
     small_held_out_set,
     solution_batch,
 )
+from envflags import ConfigError
 from generation import CompiledSampler
 from problems import BUNDLED_PROBLEMS
 from settings import round_rows
