@@ -6,13 +6,17 @@ Arms, each adding one change to the one before (issue 23), the last being the sa
     before        the LoRA in float32, dynamo's module guards checked every step, key/value heads copied
     +bf16-lora    the LoRA multiplied in its base layer's dtype (generation.lora_in_base_dtype)
     +no-guards    module guards left out, checked once a call instead (generation.compile_config)
-    +sdpa-gqa     SDPA's own grouped-query attention (generation.grouped_query_attention): as shipped
+    +sdpa-gqa     SDPA's own grouped-query attention (generation.grouped_query_attention)
+    +end-checks   the generate loop looks every 8 steps whether every sequence has ended, not after each
+                  step (generation.ends_checked_every): as shipped
 
 Each arm compiles its own graph (dynamo's cache emptied), samples one round to compile and two timed rounds,
 then one round under torch's profiler, which splits a decoding step's time: dynamo's guard checks before
 the compiled step (`TorchDynamo Cache Lookup`), the CUDA graph's launch, the host waiting on the GPU
 (synchronisations), and the GPU's own busy time; the rest of the wall time is Python and transformers'
-generate loop. On the CPU only the host-side columns exist: the guard checks are measured there too.
+generate loop. A last round counts the host's reads of tensor values (bool(), .item(), ...: each one a wait
+for the GPU on CUDA). On the CPU only the host-side columns exist: the guard checks and the reads are
+measured there as on a GPU.
 
 The model is Qwen2.5-Coder-1.5B's architecture with random bf16 weights (as bench/train_step.py builds it),
 LoRA r 32 on all seven projections with a real effect, 24 sequences (4 prompts x 6) of the bundled problems'
@@ -22,7 +26,7 @@ with 64 completion tokens: what the host does per step depends on the modules, n
 
     .venv/bin/python bench/sampler_step.py          # on a GPU box
     .venv/bin/python bench/sampler_step.py --tiny   # on the CPU
-    .venv/bin/python bench/sampler_step.py --tiny --arms before,+sdpa-gqa --new-tokens 4   # a smoke run
+    .venv/bin/python bench/sampler_step.py --tiny --arms before,+end-checks --new-tokens 4   # a smoke run
 """
 
 import argparse
@@ -57,6 +61,7 @@ from bench.train_step import (  # noqa: E402
     prompt_batch,
 )
 from problems import BUNDLED_PROBLEMS, load_problems  # noqa: E402
+from run_records import quiet_libraries  # noqa: E402
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TINY_COMPLETION = 64
@@ -85,13 +90,17 @@ LEFT_OUT: dict[str, list[tuple[str, Callable]]] = {
     "bf16 LoRA": [("lora_in_base_dtype", unchanged)],
     "no guards": [("compile_config", compile_config_with_guards)],
     "SDPA GQA": [("grouped_query_attention", contextlib.nullcontext)],
+    "end checks": [("ends_checked_every", lambda steps, max_length: contextlib.nullcontext())],
 }
 ARMS = {
-    "before": ["bf16 LoRA", "no guards", "SDPA GQA"],
-    "+bf16-lora": ["no guards", "SDPA GQA"],
-    "+no-guards": ["SDPA GQA"],
-    "+sdpa-gqa": [],  # the sampler as shipped
+    "before": ["bf16 LoRA", "no guards", "SDPA GQA", "end checks"],
+    "+bf16-lora": ["no guards", "SDPA GQA", "end checks"],
+    "+no-guards": ["SDPA GQA", "end checks"],
+    "+sdpa-gqa": ["end checks"],
+    "+end-checks": [],  # the sampler as shipped
 }
+# The host's reads of a tensor's value: each waits for the GPU to finish what it was given.
+DEVICE_READS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__")
 
 
 @contextlib.contextmanager
@@ -101,6 +110,28 @@ def changes_left_out(names: list[str]) -> Iterator[None]:
             for function, replacement in LEFT_OUT[name]:
                 stack.enter_context(mock.patch.object(generation, function, replacement))
         yield
+
+
+@contextlib.contextmanager
+def device_reads() -> Iterator[list[int]]:
+    """A count (its one item) of the host's reads of tensor values while open, on any device."""
+    count = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in DEVICE_READS}
+
+    def counted(method: Callable) -> Callable:
+        def read(self, *args, **kwargs):
+            count[0] += 1
+            return method(self, *args, **kwargs)
+
+        return read
+
+    for name, method in originals.items():
+        setattr(torch.Tensor, name, counted(method))
+    try:
+        yield count
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
 
 
 def build_tiny_seed_structure(path: Path) -> Path:
@@ -160,6 +191,8 @@ def measure_arm(model, ids, mask, config: GenerationConfig, left_out: list[str])
         with profile(activities=activities) as prof:
             sampler.generate(model, ids, mask, config)
             synchronize(device)
+        with device_reads() as reads:
+            sampler.generate(model, ids, mask, config)
     if sampler.compiles != 1:
         raise RuntimeError(f"expected one compile per arm, got {sampler.compiles}")
     events = prof.key_averages()
@@ -169,6 +202,7 @@ def measure_arm(model, ids, mask, config: GenerationConfig, left_out: list[str])
         "round s": statistics.median(rounds),
         "compile s": compile_s,
         "guard checks ms": per_step_ms(events, GUARDS, steps),
+        "device reads": reads[0] / steps,
     }
     if device.type == "cuda":
         busy = gpu_busy_ms(events, steps)
@@ -196,6 +230,7 @@ def main() -> int:
         help=f"decoding steps a round (default {MAX_COMPLETION}; {TINY_COMPLETION} with --tiny)",
     )
     args = parser.parse_args()
+    quiet_libraries()
     unknown = [arm for arm in args.arms if arm not in ARMS]
     if unknown:
         parser.error(f"--arms: unknown {', '.join(unknown)}; expected some of {', '.join(ARMS)}")
@@ -228,7 +263,7 @@ def main() -> int:
     print(
         f"\n{device_name()}; {what}; {ids.shape[0]} sequences x {MAX_PROMPT + new_tokens} cache positions, "
         f"{new_tokens} decoding steps a round; median of {TIMED_ROUNDS} rounds after the compile; the "
-        "breakdown from one profiled round (ms per decoding step)"
+        "breakdown from one profiled round (ms per decoding step), device reads per decoding step"
     )
     columns = list(next(iter(rows.values())))
     print("\n| arm | " + " | ".join(columns) + " |")

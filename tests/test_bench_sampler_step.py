@@ -14,7 +14,7 @@ def test_a_tiny_run_prints_one_row_per_arm_and_the_ratio() -> None:
             "bench/sampler_step.py",
             "--tiny",
             "--arms",
-            "before,+sdpa-gqa",
+            "before,+end-checks",
             "--new-tokens",
             "4",
         ],
@@ -26,9 +26,19 @@ def test_a_tiny_run_prints_one_row_per_arm_and_the_ratio() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("|")]
     header, rule, *rows = ([cell.strip() for cell in line.strip("|").split("|")] for line in table)
-    assert header == ["arm", "ms per decoding step", "round s", "compile s", "guard checks ms"]
+    assert header == [
+        "arm",
+        "ms per decoding step",
+        "round s",
+        "compile s",
+        "guard checks ms",
+        "device reads",
+    ]
     assert set(rule) == {"---"}
-    assert [row[0] for row in rows] == ["before", "+sdpa-gqa"]
+    assert [row[0] for row in rows] == ["before", "+end-checks"]
     assert all(float(cell) > 0 for row in rows for cell in row[1:])
-    assert "+sdpa-gqa vs before: " in result.stdout
+    # Before, the loop read whether every sequence had ended after each of the 4 steps; now it does not.
+    reads = {row[0]: float(row[-1]) for row in rows}
+    assert reads["before"] - reads["+end-checks"] >= 0.75
+    assert "+end-checks vs before: " in result.stdout
     assert "Traceback" not in result.stderr

@@ -232,7 +232,7 @@ def test_a_short_last_batch_samples_through_the_compiled_samplers_one_graph(
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
     lines: list[str] = []
     sampler = CompiledSampler(2048, 4, log=lines.append)
-    assert sampler.install(model)
+    sampler.install(model)
     problems = [bundled["count_vowels"], bundled["lcs_length"], bundled["json_to_string"]]
     rows = sample(model, tokenizer, problems, batch_size=4)
     assert [(r["problem_id"], r["sample"]) for r in rows] == [(p["id"], i) for p in problems for i in (0, 1)]

@@ -3,18 +3,30 @@ of a run's first steps), writes no weight, compiles once per run whatever calls 
 stops with one line when a compile fails, and runs GRPO; the GRPO_GENERATION and GRPO_GRADIENT_CHECKPOINTING
 settings."""
 
+import contextlib
 import dataclasses
 import importlib.util
+import math
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from torch._dynamo.utils import counters
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    Qwen2Config,
+)
 
+import generation
 import settings
 import train
+from bench.sampler_step import device_reads
 from bench.train_step import QWEN_CODER_1_5B, give_lora_an_effect, prompt_batch
 from conftest import (
     COMPILE_ERROR,
@@ -121,6 +133,50 @@ def test_sampler_is_exact_at_the_lora_sizes_of_the_first_steps(tiny_model: Path)
         folded = forward()
     print(f", fold {lost(folded):.2f}")
     assert lost(folded) > 0.3
+
+
+class EndFromStep(LogitsProcessor):
+    """Only the end token is possible from completion step `step` on: every sequence ends there."""
+
+    def __init__(self, end: int, prompt_length: int, step: int) -> None:
+        self.end, self.at = end, prompt_length + step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[1] < self.at:
+            return scores
+        return torch.full_like(scores, -math.inf).index_fill_(1, torch.tensor([self.end]), 0.0)
+
+
+def test_the_loop_looks_for_the_end_every_few_steps_and_pads_after_it(
+    bf16_peft_model, tiny_model: Path
+) -> None:
+    """transformers' loop reads from the device after every decoding step whether all sequences have ended;
+    the sampler's looks every END_CHECK_STEPS steps. Sequences that all end at step 3 come back with the
+    same tokens as the loop's own stop gives, then padding up to the next look."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    end, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    ids = torch.randint(5, 2000, (3, 12), generator=torch.Generator().manual_seed(0))
+    config = GenerationConfig(max_new_tokens=32, do_sample=True, pad_token_id=pad, eos_token_id=end)
+    sampler = CompiledSampler(32, log=lambda line: None)
+
+    def sample() -> torch.Tensor:
+        torch.manual_seed(0)
+        ending = LogitsProcessorList([EndFromStep(end, ids.shape[1], step=3)])
+        return sampler.generate(bf16_peft_model, ids, torch.ones_like(ids), config, logits_processor=ending)
+
+    looked_every_few, reads = sample(), device_reads()
+    with reads as count:
+        sample()
+    with mock.patch.object(generation, "ends_checked_every", lambda steps, length: contextlib.nullcontext()):
+        looked_every_step = sample()
+        with device_reads() as count_every_step:
+            sample()
+    assert looked_every_step.shape == (3, 12 + 4)  # three sampled tokens and the end token
+    assert looked_every_few.shape == (3, 12 + generation.END_CHECK_STEPS)
+    assert torch.equal(looked_every_few[:, : 12 + 4], looked_every_step)
+    assert (looked_every_few[:, 12 + 4 :] == pad).all()
+    assert count_every_step[0] - count[0] == 4 - 1  # one look instead of four
+    assert sampler.compiles == 1
 
 
 def test_any_prompt_length_and_a_short_batch_share_one_compile(bf16_peft_model, tiny_model: Path) -> None:
