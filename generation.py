@@ -28,8 +28,9 @@ a static cache and a compiled step it is 12.7 ms with the LoRA unmerged (the pro
   of them (issue 23's profile): dynamo's guards on the modules are skipped and the sampler checks the same
   facts once a call instead (`module_state`; another state empties dynamo's cache and compiles again, with a
   WARNING naming the change). Where the base weights are bf16 the LoRA is multiplied from bf16 copies,
-  refreshed in place from the trained float32 weights every call, and SDPA reads the shared key/value heads
-  of grouped-query attention in place instead of transformers copying them out per layer;
+  refreshed in place from the trained float32 weights every call; SDPA reads the shared key/value heads of
+  grouped-query attention in place instead of transformers copying them out per layer; and the generate
+  loop reads from the device whether every sequence has ended every few steps, not after each;
 - it cannot sink a run: with GRPO_GENERATION=auto, a call whose compile fails (no triton, no C compiler, an
   old GPU, an inductor error) logs one line and that call and every later one sample with TRL's plain
   path; with `compiled` asked for explicitly the run stops with one line naming GRPO_GENERATION=plain.
@@ -62,6 +63,7 @@ from transformers import (
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    PretrainedConfig,
     PreTrainedModel,
     StaticCache,
 )
@@ -572,17 +574,27 @@ WEIGHT_COPIES = 3
 MEMORY_SHARE = 0.8  # the rest for the allocator's fragmentation, the CUDA context and compiled graphs
 
 
-def update_peak_bytes(model_id: str, tokens_per_pass: int) -> int:
-    """Estimated peak memory of a GRPO run without gradient checkpointing, from the model's config alone
-    (the weights counted on the meta device, nothing loaded); tokens_per_pass is the update's batch times
-    the longest sequence (prompt + completion budgets)."""
-    config = AutoConfig.from_pretrained(model_id)
+def model_size(config: PretrainedConfig) -> tuple[int, int]:
+    """(parameters, bytes) of the weights of the model `config` describes, counted on the meta device:
+    nothing is loaded."""
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=config.dtype)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        parameters = list(AutoModelForCausalLM.from_config(config, dtype=config.dtype).parameters())
+    return sum(p.numel() for p in parameters), sum(p.numel() * p.element_size() for p in parameters)
+
+
+def update_peak_bytes(config: PretrainedConfig, weight_bytes: int, tokens_per_pass: int) -> int:
+    """Estimated peak memory of a GRPO run without gradient checkpointing, from the model's config and the
+    size of its weights (model_size); tokens_per_pass is the update's batch times the longest sequence
+    (prompt + completion budgets)."""
     text = config.get_text_config()
     width = text.hidden_size + text.intermediate_size
-    return WEIGHT_COPIES * weights + ACTIVATION_BYTES * text.num_hidden_layers * width * tokens_per_pass
+    return WEIGHT_COPIES * weight_bytes + ACTIVATION_BYTES * text.num_hidden_layers * width * tokens_per_pass
+
+
+def model_update_peak_bytes(model_id: str, tokens_per_pass: int) -> int:
+    """update_peak_bytes of the model `model_id`, its config read (from the hub or a local folder)."""
+    config = AutoConfig.from_pretrained(model_id)
+    return update_peak_bytes(config, model_size(config)[1], tokens_per_pass)
 
 
 def device_memory(device: torch.device) -> int:
@@ -592,15 +604,13 @@ def device_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def gradient_checkpointing(
-    choice: str, model_id: str, tokens_per_pass: int, memory_bytes: int
-) -> tuple[bool, str]:
+def gradient_checkpointing(choice: str, peak_bytes: Callable[[], int], memory_bytes: int) -> tuple[bool, str]:
     """GRPO_GRADIENT_CHECKPOINTING resolved, and why. `auto` turns it off (the faster update) only where the
-    estimated peak without it fits in MEMORY_SHARE of the device's memory, so it never picks a setting that
-    does not fit; TRL's own default is on everywhere."""
+    estimated peak without it (`peak_bytes()`, asked only then) fits in MEMORY_SHARE of the device's memory,
+    so it never picks a setting that does not fit; TRL's own default is on everywhere."""
     if choice != "auto":
         return choice == "on", "as set"
-    peak = update_peak_bytes(model_id, tokens_per_pass)
+    peak = peak_bytes()
     fits = peak <= MEMORY_SHARE * memory_bytes
     return not fits, (
         f"auto: estimated peak without it {peak / 2**30:.3g} GiB "

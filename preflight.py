@@ -192,18 +192,14 @@ def check_device() -> str:
 
 
 def model_memory(cfg: TrainConfig) -> tuple[int, int, int, int]:
-    """(parameters, weight bytes, bytes of the sampler's KV cache for one round, activation bytes of one
-    update pass without checkpointing), from the model's config alone (meta device, nothing loaded)."""
+    """(parameters, weight bytes, bytes of the sampler's KV cache for one round, estimated peak bytes of the
+    update without checkpointing), from the model's config alone (meta device, nothing loaded)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     import generation
 
     config = model_config(cfg.model_id)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=config.dtype)
-    params = sum(p.numel() for p in model.parameters())
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    params, weights = generation.model_size(config)
     text = config.get_text_config()
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
@@ -211,11 +207,8 @@ def model_memory(cfg: TrainConfig) -> tuple[int, int, int, int]:
     positions = cfg.max_prompt_length + cfg.max_completion_length
     element = torch.finfo(config.dtype or torch.float32).bits // 8
     cache = 2 * text.num_hidden_layers * rows * positions * kv_heads * head_dim * element
-    tokens = cfg.per_device_train_batch_size * positions
-    # A second config read and meta model (a third under `auto` checkpointing, in check_model): generation's
-    # estimate takes a model id, not a config; reading once needs it to take this config (generation.py).
-    activations = generation.update_peak_bytes(cfg.model_id, tokens) - generation.WEIGHT_COPIES * weights
-    return params, weights, cache, activations
+    without = generation.update_peak_bytes(config, weights, cfg.per_device_train_batch_size * positions)
+    return params, weights, cache, without
 
 
 def check_model(cfg: TrainConfig, sources: Mapping[str, str]) -> str:
@@ -224,18 +217,17 @@ def check_model(cfg: TrainConfig, sources: Mapping[str, str]) -> str:
     import generation
 
     try:
-        params, weights, cache, activations = model_memory(cfg)
+        params, weights, cache, without = model_memory(cfg)
     except (OSError, ValueError) as err:
         raise Failed(f"GRPO_MODEL_ID={cfg.model_id!r}: cannot read its config ({first_line(err)})") from None
     layers = model_config(cfg.model_id).get_text_config().num_hidden_layers
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     memory = generation.device_memory(device)
-    without = generation.WEIGHT_COPIES * weights + activations
     # With checkpointing only one layer's activations are held at a time, besides each layer's input.
-    with_checkpointing = generation.WEIGHT_COPIES * weights + activations // layers
-    tokens = cfg.per_device_train_batch_size * (cfg.max_prompt_length + cfg.max_completion_length)
+    copies = generation.WEIGHT_COPIES * weights
+    with_checkpointing = copies + (without - copies) // layers
     checkpointing, why = generation.gradient_checkpointing(
-        cfg.gradient_checkpointing, cfg.model_id, tokens, memory
+        cfg.gradient_checkpointing, lambda: without, memory
     )
     where = "GPU" if device.type == "cuda" else "RAM"
     count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.1f}M"

@@ -249,10 +249,10 @@ def train(
             f"step takes {prompts_per_round}; lower GRPO_BATCH_SIZE or GRPO_GRAD_ACCUM_STEPS"
         )
 
+    tokens = cfg.per_device_train_batch_size * (cfg.max_prompt_length + cfg.max_completion_length)
     checkpointing, why = generation.gradient_checkpointing(
         cfg.gradient_checkpointing,
-        cfg.model_id,
-        tokens_per_pass=cfg.per_device_train_batch_size * (cfg.max_prompt_length + cfg.max_completion_length),
+        lambda: generation.model_update_peak_bytes(cfg.model_id, tokens),
         memory_bytes=generation.device_memory(args.device),
     )
     # Settled before TRL reads it; transformers 5 calls it activation_checkpointing, GRPOConfig has both.
@@ -351,10 +351,10 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
 
     import generation
 
+    tokens = cfg.sft_batch_size * (cfg.max_prompt_length + cfg.max_completion_length)
     checkpointing, _ = generation.gradient_checkpointing(
         cfg.gradient_checkpointing,
-        cfg.model_id,
-        tokens_per_pass=cfg.sft_batch_size * (cfg.max_prompt_length + cfg.max_completion_length),
+        lambda: generation.model_update_peak_bytes(cfg.model_id, tokens),
         memory_bytes=generation.device_memory(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
     )
     args = SFTConfig(

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import math
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -36,7 +37,7 @@ from conftest import (
     compiled_run_flags,
     small_held_out_set,
 )
-from generation import CompiledSampler, gradient_checkpointing, update_peak_bytes
+from generation import CompiledSampler, gradient_checkpointing, model_update_peak_bytes
 from problems import BUNDLED_PROBLEMS, load_problems
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "fresh_dynamo")
@@ -390,13 +391,17 @@ def test_auto_checkpointing_follows_the_model_and_the_card(tmp_path: Path, tiny_
     seed_pass = 4 * (704 + 512)  # GRPO_BATCH_SIZE x (GRPO_MAX_PROMPT + GRPO_MAX_COMPLETION)
     # The rule reproduces the H100's measured peak without checkpointing (24.7 GiB, issue 11) at the
     # bench's sequences (about 450 + 512 tokens), from above.
-    assert 24.7 <= update_peak_bytes(str(tmp_path), 4 * (450 + 512)) / 2**30 <= 1.1 * 24.7
-    assert gradient_checkpointing("auto", str(tmp_path), seed_pass, 80 * 2**30)[0] is False  # H100 80GB
-    assert gradient_checkpointing("auto", str(tmp_path), seed_pass, 24 * 2**30)[0] is True  # a 24 GB card
-    assert gradient_checkpointing("auto", str(tiny_model), seed_pass, 2**30)[0] is False
+    assert 24.7 <= model_update_peak_bytes(str(tmp_path), 4 * (450 + 512)) / 2**30 <= 1.1 * 24.7
+
+    def peak(model: Path) -> Callable[[], int]:
+        return lambda: model_update_peak_bytes(str(model), seed_pass)
+
+    assert gradient_checkpointing("auto", peak(tmp_path), 80 * 2**30)[0] is False  # H100 80GB
+    assert gradient_checkpointing("auto", peak(tmp_path), 24 * 2**30)[0] is True  # a 24 GB card
+    assert gradient_checkpointing("auto", peak(tiny_model), 2**30)[0] is False
     # Set values are taken as they are, without reading the model.
-    assert gradient_checkpointing("on", "no/such-model", seed_pass, 2**40) == (True, "as set")
-    assert gradient_checkpointing("off", "no/such-model", seed_pass, 2**30) == (False, "as set")
+    assert gradient_checkpointing("on", peak(Path("no/such-model")), 2**40) == (True, "as set")
+    assert gradient_checkpointing("off", peak(Path("no/such-model")), 2**30) == (False, "as set")
 
 
 def test_print_config_and_the_header_show_the_resolved_sampler(monkeypatch) -> None:
