@@ -167,8 +167,8 @@ def main() -> int:
         effect = mean_gap(trained, base)
         cells = [
             f"{mean_gap(exact_trained, exact_base):.2e}",
-            f"{lost(exact_unmerged, exact_sampled_base, exact_trained):.2f}",
-            f"{lost(exact_fold, exact_base, exact_trained):.2f}",
+            f"{lost(exact_unmerged, exact_sampled_base, exact_trained):z.2f}",  # no -0.00
+            f"{lost(exact_fold, exact_base, exact_trained):z.2f}",
             f"{effect:.2e}",
             f"{mean_gap(unmerged, trained) / effect:.2f}",
             f"{mean_gap(fold, trained) / effect:.2f}",
