@@ -450,7 +450,9 @@ class CompiledSampler:
         every call, so a run whose model stays itself compiles once."""
         if _compiled_for is None or state == _compiled_for:
             return
-        if self.compiled_state is not None:
+        if self.compiled_state == state:
+            self.recompile_reason = "another model was compiled since this sampler's last compile"
+        elif self.compiled_state is not None:
             changed = state_change(self.compiled_state, state)
             self.recompile_reason = f"the model's state changed since the last compile: {changed}"
         torch.compiler.reset()

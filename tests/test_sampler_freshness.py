@@ -131,3 +131,6 @@ def test_a_state_the_skipped_guards_would_catch_compiles_again(tiny_model: Path,
     sampled = second.token_logprobs(other.model, ids, mask, completion, config)
     assert max_difference(sampled, trainer_logprobs(other, ids, mask, completion)) < 1e-4
     assert max_difference(sampled, with_lora) > 0.1
+    # And back: the first sampler's model, unchanged, compiles again over the second's graph.
+    assert sampled_matches_the_forward()
+    assert "another model was compiled since this sampler's last compile" in lines[-1]
