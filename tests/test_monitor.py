@@ -376,7 +376,7 @@ def test_a_flat_held_out_line_reads_gain_0_whatever_the_sign_of_its_rounding() -
     check = monitor.check_memorising(healthy(), flat[-3:], Knobs())
     assert check.value == 0.0 and math.copysign(1.0, check.value) == 1.0
     assert check.ok is False
-    line = check.warning_line(1.0, 10)
+    line = check.warning_line(1.0, 10).text
     assert line.startswith("WARNING [Epoch 1.00] eval pass@1 gain=0 over 3 evaluations") and "-0" not in line
 
 
