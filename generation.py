@@ -74,7 +74,7 @@ from envflags import ConfigError
 # transformers' compile backend on CUDA is inductor. On the CPU transformers does not compile at all; the
 # sampler makes it run dynamo with the eager backend there, so the graph capture, its guards and its
 # recompilations are exercised without inductor's C++ build (35 s for even the 2-layer test model). Tests
-# set another backend (one that raises) to make a compile fail.
+# make a compile fail on any device by giving compile_config a backend that raises.
 CPU_BACKEND = "eager"
 GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"  # transformers' switch to SDPA's own grouped-query attention
 END_CHECK_STEPS = 8  # decoding steps between the generate loop's looks at whether every sequence has ended
@@ -218,7 +218,9 @@ PLAIN_VALUES = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
 def module_state(model: torch.nn.Module) -> ModuleState:
-    """Each module's state as the compiled step depends on it, by module name; the config's under ''."""
+    """Each module's state as the compiled step depends on it, by module name; the config's under
+    "<config>". Objects other than tensors and plain values count by kind only (module_key), so what
+    transformers attaches to the model when it compiles (its compiled call) leaves the state as it was."""
     state: ModuleState = {"<config>": value_key(vars(model.config))}
     state.update((name, module_key(module)) for name, module in model.named_modules())
     return state
@@ -416,7 +418,8 @@ class CompiledSampler:
             ends_checked_every(END_CHECK_STEPS, input_ids.shape[1] + config.max_new_tokens),
             torch.no_grad(),
         ):
-            self.clear_graphs_of_another_state(module_state(policy))
+            state = module_state(policy)
+            self.clear_graphs_of_another_state(state)
             graphs = counters["stats"]["unique_graphs"]
             if shape not in self.caches:
                 self.caches[shape] = StaticCache(config=policy.config, max_cache_len=shape[1])
@@ -429,7 +432,6 @@ class CompiledSampler:
                 generation_config=config,
                 **kwargs,
             )
-            state = module_state(policy)  # as the graph saw it, and with transformers' compiled call kept
         if input_ids.device.type == "cuda":
             torch.cuda.synchronize(input_ids.device)
         seconds = time.perf_counter() - started
