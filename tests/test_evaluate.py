@@ -219,14 +219,16 @@ def test_plain_sampling_generates_only_the_rows_asked_for(tiny_model: Path, bund
 
 
 def test_a_short_last_batch_samples_through_the_compiled_samplers_one_graph(
-    tiny_model: Path, bundled: dict[str, dict]
+    tiny_model: Path, bundled: dict[str, dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Six completions in batches of a four-row round: the last call has two rows, which the compiled sampler
-    pads to the round itself (evaluate.py adds no rows), so the evaluation compiles one graph."""
+    pads to the round itself (evaluate.py adds no rows), so the evaluation compiles one graph. On the CPU on
+    any box (load_base picks the GPU where torch sees one): the GPU layer's run evaluates on CUDA."""
     from peft import LoraConfig, get_peft_model
 
     from generation import CompiledSampler
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     torch._dynamo.reset()  # this test's compile is counted on its own
     model, tokenizer = evaluate.load_base(str(tiny_model))
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))

@@ -3,7 +3,8 @@
 shown fresh: after an optimizer step at a high learning rate the sampler's log-probabilities are the
 trainer's forward on the new weights, with no new compile and the copies at their old addresses; and a
 module state the skipped guards would have caught (adapters disabled, a weight replaced, another model)
-compiles again, with a WARNING that names what changed, never samples through a stale graph."""
+compiles again, with a WARNING that names what changed, never samples through a stale graph. On the CPU on
+every box (dynamo's eager backend); tests/test_gpu.py checks the same after a step on CUDA."""
 
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def lora_trainer(tiny_model: Path, output_dir: Path, dtype: torch.dtype) -> GRPO
         processing_class=AutoTokenizer.from_pretrained(tiny_model),
         peft_config=train.lora_config(cfg),
     )
+    # On the CPU on any box (the trainer moved it to a GPU where there is one): tests/test_gpu.py checks the
+    # sampler after an optimizer step on CUDA.
+    trainer.model.to("cpu")
     give_lora_an_effect(trainer.model, std=0.05)
     return trainer
 
