@@ -413,7 +413,8 @@ def stages_section(run: Run, gated: Check) -> list[str]:
     if gated.ok is False:
         lines += [
             f"**{gated.value:.0%} of recent completions look like OCaml but were gated** (fewer lines than "
-            f"MIN_NON_EMPTY_LINES): the gate zeroes short answers even when they are correct. "
+            f"MIN_NON_EMPTY_LINES) and failed their tests: the gate gives them no partial credit, so their "
+            f"groups tie. "
             f"Try `{gated.advice[0][0]}`.",
             "",
         ]

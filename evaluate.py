@@ -8,9 +8,9 @@ Every model samples k completions for each problem with the training prompt and 
 reads (GRPO_TEMPERATURE, GRPO_MAX_COMPLETION, MIN_NON_EMPTY_LINES... from the environment), on the same
 problems and from the same random stream (`--protocol multipl-e`: MultiPL-E's own sampling instead). Problems
 whose tests are broken are left out first (problem_check.py). The training reward scores every completion; a
-completion succeeds when it passes every test, whatever the line gate says. The script prints a summary and a
-per-difficulty table, and writes every sample with its breakdown (OUT_DIR/eval_<label>.jsonl) and a markdown
-report (OUT_DIR/eval_report.md). `--compare` lists the problems two such JSONL files disagree on. The library
+completion succeeds when it passes every test. The script prints a summary and a per-difficulty table, and
+writes every sample with its breakdown (OUT_DIR/eval_<label>.jsonl) and a markdown report
+(OUT_DIR/eval_report.md). `--compare` lists the problems two such JSONL files disagree on. The library
 functions (`sample_completions`, `score_samples`, `summarize`) also serve the trainer's in-training
 evaluation.
 """
@@ -18,7 +18,6 @@ evaluation.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import random
@@ -94,7 +93,7 @@ def sample_completions(
 
     texts = {
         p["id"]: tokenizer.apply_chat_template(
-            build_prompt_messages(p["problem"], min_lines=cfg.min_non_empty_lines, few_shot=cfg.few_shot),
+            build_prompt_messages(p["problem"], few_shot=cfg.few_shot),
             tokenize=False,
             add_generation_prompt=True,
         )
@@ -233,23 +232,18 @@ def score_samples(samples: Sequence[dict], problems: Sequence[dict], cfg: Reward
         for s in samples
     ]
     # The curriculum's last phase, its target weights: scores compare across runs and steps, whatever epoch
-    # a run reached (without the curriculum, the REWARD_WEIGHT_* settings).
+    # a run reached (without the curriculum, the REWARD_WEIGHT_* settings). A pass is correctness: the line
+    # gate never withholds `passed`, and the END marker never decides a stage.
     scores = score_batch(items, cfg, epoch=math.inf)
-    # A pass is correctness: the code passes every test, whatever the training-only line gate says (the END
-    # marker never decides a stage), so the gated samples alone are scored again without the gate.
-    gated = [i for i, score in enumerate(scores) if score["stage"] == "gated"]
-    no_gate = dataclasses.replace(cfg, min_non_empty_lines=0)
-    regraded = dict(zip(gated, score_batch([items[i] for i in gated], no_gate, epoch=math.inf), strict=True))
-    ungated = [regraded.get(i, score) for i, score in enumerate(scores)]
     return [
         {
             "problem_id": s["problem_id"],
             "difficulty": by_id[s["problem_id"]]["difficulty"],
             **{key: s[key] for key in ("sample", "completion", "truncated", "length")},
-            "passed": correct["stage"] == "passed",
+            "passed": score["stage"] == "passed",
             **{key: value for key, value in score.items() if key not in ("problem_id", "preview")},
         }
-        for s, score, correct in zip(samples, scores, ungated, strict=True)
+        for s, score in zip(samples, scores, strict=True)
     ]
 
 

@@ -444,8 +444,9 @@ def run_checks(history: Sequence[Row], knobs: Knobs | None = None) -> list[Check
 
 
 def check_gated(gated_share: float | None, knobs: Knobs) -> Check:
-    """The 8-line gate zeroes short but correct answers; judged from the reward logs, counting only gated
-    completions that look like code (gating gibberish is the gate doing its job)."""
+    """The 8-line gate zeroes short answers that fail their tests (a right one always scores): where many do,
+    their groups tie at 0 with no partial credit to rank them. Judged from the reward logs, counting only
+    gated completions that look like code (gating gibberish is the gate doing its job)."""
     return Check(
         "gated",
         "Short answers gated",
@@ -453,9 +454,9 @@ def check_gated(gated_share: float | None, knobs: Knobs) -> Check:
         gated_share,
         f"< {GATED_MAX:.2f}",
         None if gated_share is None else gated_share < GATED_MAX,
-        "completions that look like OCaml but are shorter than MIN_NON_EMPTY_LINES get no reward, even "
-        "when correct",
-        ((knobs.shorter_gate(), "let short correct answers score"),),
+        "completions that look like OCaml but are shorter than MIN_NON_EMPTY_LINES and fail their tests "
+        "earn nothing, so their groups tie",
+        ((knobs.shorter_gate(), "give short attempts the partial credit that ranks them"),),
     )
 
 

@@ -12,8 +12,8 @@ from settings import TrainConfig
 
 SYSTEM_PROMPT = (
     "You are an expert OCaml programmer. Complete the function the user gives you. Reply with one "
-    "```ocaml code block holding the complete definition, starting with the given signature line, at least "
-    "{min_lines} lines of code, without the doc comment or the type definitions. End the block with the line "
+    "```ocaml code block holding the complete definition, starting with the given signature line, without "
+    "the doc comment or the type definitions. End the block with the line "
     + END_MARKER
     + " and write nothing after it."
 )
@@ -52,9 +52,10 @@ FEW_SHOT = [
 ]
 
 
-def build_prompt_messages(problem: str, *, min_lines: int = 8, few_shot: int = 1) -> list[dict]:
-    """System message, the first `few_shot` examples as earlier turns, then the problem (chat template)."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT.format(min_lines=min_lines)}]
+def build_prompt_messages(problem: str, *, few_shot: int = 1) -> list[dict]:
+    """System message, the first `few_shot` examples as earlier turns, then the problem (chat template). The
+    prompt asks for no length: the line gate guards partial credit, and a right two-line answer is right."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
     for example, _tests, answer in FEW_SHOT[:few_shot]:
         messages += [{"role": "user", "content": example}, {"role": "assistant", "content": answer}]
     messages.append({"role": "user", "content": problem})
@@ -62,14 +63,15 @@ def build_prompt_messages(problem: str, *, min_lines: int = 8, few_shot: int = 1
 
 
 def check_few_shot(cfg: RewardConfig) -> None:
-    """Refuse to start when a few-shot answer would not earn full marks under this run's reward settings."""
+    """Refuse to start when a few-shot answer would not earn full marks under this run's reward and sandbox
+    settings: it would teach what the reward punishes."""
     for problem, tests, answer in FEW_SHOT:
         result = score_completion(problem, tests, answer, cfg=cfg)
         if result["total_reward"] < 1.0:
             name = problem.rsplit("let ", 1)[-1].split()[0]
             raise ConfigError(
                 f"few-shot example {name!r} scores {result['total_reward']:.2f} under these reward settings "
-                f"({result['stage']}: {result['reason']}); check MIN_NON_EMPTY_LINES and the reward weights"
+                f"({result['stage']}: {result['reason']}); check the OCAML_* limits and the sandbox"
             )
 
 
@@ -94,9 +96,7 @@ def fitting_prompts(
     """(problem, chat messages) for every problem whose prompt fits GRPO_MAX_PROMPT; the rest counted."""
     fitting = []
     for p in problems:
-        messages = build_prompt_messages(
-            p["problem"], min_lines=cfg.min_non_empty_lines, few_shot=cfg.few_shot
-        )
+        messages = build_prompt_messages(p["problem"], few_shot=cfg.few_shot)
         if prompt_token_count(tokenizer, messages) <= cfg.max_prompt_length:
             fitting.append((p, messages))
     dropped = len(problems) - len(fitting)

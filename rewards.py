@@ -5,8 +5,9 @@
     compile    0.10  the program with its test harness builds; partial credit when it does not
     tests      0.65  x assertions passed / assertions, only when it compiled
 
-A completion with fewer than MIN_NON_EMPTY_LINES code lines earns 0; one that hit the length limit
-without the END marker is multiplied by RUNAWAY_PENALTY_MULTIPLIER. With REWARD_CURRICULUM=1 the weights
+A completion with fewer than MIN_NON_EMPTY_LINES code lines earns 0 unless it passes every test (the gate
+guards partial credit, never correctness); one that hit the length limit without the END marker is multiplied
+by RUNAWAY_PENALTY_MULTIPLIER. With REWARD_CURRICULUM=1 the weights
 follow three phases by epoch. The toolchain work runs in ocaml_sandbox's worker pool, so the TRL-facing
 callable is async and a batch is scored concurrently.
 
@@ -85,7 +86,10 @@ def _check_phases(text: str) -> str | None:
 @dataclass
 class RewardConfig:
     min_non_empty_lines: int = setting(
-        8, "MIN_NON_EMPTY_LINES", "fewer non-empty, non-comment code lines than this earn reward 0", low=0
+        8,
+        "MIN_NON_EMPTY_LINES",
+        "fewer non-empty, non-comment code lines than this earn reward 0 unless every test passes",
+        low=0,
     )
     runaway_penalty_multiplier: float = setting(
         0.3,
@@ -417,6 +421,7 @@ class Prepared:
     truncated: bool
     job: Job | None
     early: dict | None  # a final breakdown when no compilation is needed
+    short: str | None = None  # why the line gate zeroes it unless every test passes
 
 
 def prepare(
@@ -432,10 +437,12 @@ def prepare(
         return Prepared(text, structural_ok, truncated, None, _unscored(str(exc)))
     solution = assemble_solution(parsed, extract_code(text, parsed.function))
     lines = code_lines(solution)
+    # A short answer is compiled too: the gate stops partial credit for stubs, and a right answer is right.
+    short = None
     if lines < cfg.min_non_empty_lines:
-        reason = f"{lines} code lines, fewer than MIN_NON_EMPTY_LINES={cfg.min_non_empty_lines}"
-        return Prepared(text, structural_ok, truncated, None, _unscored(reason))
-    return Prepared(text, structural_ok, truncated, Job(parsed.types, solution, tests, parsed.function), None)
+        short = f"{lines} code lines, fewer than MIN_NON_EMPTY_LINES={cfg.min_non_empty_lines}"
+    job = Job(parsed.types, solution, tests, parsed.function)
+    return Prepared(text, structural_ok, truncated, job, None, short)
 
 
 def _unscored(reason: str) -> dict:
@@ -454,11 +461,19 @@ def _unscored(reason: str) -> dict:
     }
 
 
+def _counts(breakdown: dict) -> dict:
+    """What the toolchain found, kept in a gated breakdown: only the reward is withheld."""
+    keys = ("tests_passed", "tests_total", "syntax_errors", "type_errors", "error_sample")
+    return {key: breakdown[key] for key in keys}
+
+
 def finish(
     item: Prepared, outcome: Outcome | None, weights, cfg: RewardConfig, problem_id: Any = None
 ) -> dict:
     """The full breakdown: stage scores, the total in [0, 1], the runaway penalty."""
     breakdown = item.early if outcome is None else grade(outcome, weights, item.structural_ok)
+    if item.short and breakdown["stage"] != "passed":
+        breakdown = {**_unscored(f"{item.short}; {breakdown['reason']}"), **_counts(breakdown)}
     total = breakdown["structural"] + breakdown["type_check"] + breakdown["compile"] + breakdown["tests"]
     if breakdown["stage"] == "gated":
         total = 0.0

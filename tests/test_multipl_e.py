@@ -100,8 +100,9 @@ def test_right_answers_pass_and_wrong_ones_fail_once_repaired():
     ungated = RewardConfig(reward_workers=2, min_non_empty_lines=0)
     stages = [(a["kind"], s["stage"]) for a, s in zip(items, score_batch(items, ungated), strict=True)]
     assert stages == [("right", "passed"), ("wrong", "tests_failed")] * 4
-    # Under the training default (MIN_NON_EMPTY_LINES=8) the same one-line answers are gated: reward 0.
-    assert {s["stage"] for s in score_batch(items, CFG)} == {"gated"}
+    # Under the training default (MIN_NON_EMPTY_LINES=8) the one-line wrong answers are gated (reward 0) and
+    # the right ones still pass.
+    assert [s["stage"] for s in score_batch(items, CFG)] == ["passed", "gated"] * 4
 
 
 def test_stop_sequences_cut_the_continuation():
@@ -153,7 +154,7 @@ def test_a_local_export_in_multipl_e_columns_loads_by_name(tmp_path):
     assert [p["id"] for p in load_problems(str(HUMANEVAL))] == [p["id"] for p in problems]
 
 
-def test_a_short_correct_answer_is_a_pass_though_the_reward_gates_it():
+def test_a_short_correct_answer_passes_and_a_short_wrong_one_is_gated():
     from evaluate import score_samples, summarize
 
     problems = [{**p, "difficulty": "unknown"} for p in fixture_problems()[:1]]
@@ -168,11 +169,11 @@ def test_a_short_correct_answer_is_a_pass_though_the_reward_gates_it():
     ]
     rows = score_samples([{**s, "length": 9} for s in samples], problems, CFG)  # MIN_NON_EMPTY_LINES=8
     assert [(r["passed"], r["stage"], r["total_reward"]) for r in rows] == [
-        (True, "gated", 0.0),
+        (True, "passed", 0.95),  # no END marker: the structural share is missing
         (False, "gated", 0.0),
     ]
     summary = summarize(rows, k=2)
-    assert (summary["pass@1"], summary["pass@2"], summary["mean_reward"]) == (0.5, 1.0, 0.0)
+    assert (summary["pass@1"], summary["pass@2"], summary["mean_reward"]) == (0.5, 1.0, 0.475)
 
 
 def test_evaluate_runs_multipl_e_protocol_on_a_local_export(tmp_path, tiny_model, one_torch_thread):

@@ -173,14 +173,57 @@ def test_runaway_penalty():
 
 
 def test_line_gate_counts_code_lines_only():
-    short = f"  (* add them up *)\n\n  List.fold_left ( + ) 0 xs\n{END_MARKER}"
-    assert rewards.code_lines(rewards.assemble_solution(rewards.parse_problem(PROBLEM), short)) == 2
-    cfg = RewardConfig(min_non_empty_lines=3)
-    assert score_completion(PROBLEM, TESTS, short, cfg=cfg)["stage"] == "gated"
-    assert (
-        score_completion(PROBLEM, TESTS, short, cfg=RewardConfig(min_non_empty_lines=2))["total_reward"]
-        == 1.0
-    )
+    short_wrong = f"  (* add them up *)\n\n  List.fold_left ( - ) 0 xs\n{END_MARKER}"
+    assert rewards.code_lines(rewards.assemble_solution(rewards.parse_problem(PROBLEM), short_wrong)) == 2
+    assert score_completion(PROBLEM, TESTS, short_wrong, cfg=RewardConfig(min_non_empty_lines=3))[
+        "stage"
+    ] == ("gated")
+    ungated = score_completion(PROBLEM, TESTS, short_wrong, cfg=RewardConfig(min_non_empty_lines=2))
+    assert (ungated["stage"], ungated["total_reward"]) == ("tests_failed", pytest.approx(0.35 + 0.65 / 4))
+
+
+HELDOUT_BY_ID = {row["id"]: row for row in HELDOUT}
+# Right answers in 1 to 7 lines to three held-out problems, written as the real Qwen2.5-Coder-1.5B wrote its
+# passing answers (issue 29: under the seed's gate they scored 0 while a wrong 10-line answer scored more).
+SHORT_RIGHT = {
+    "is_leap_year": "let is_leap_year (year : int) : bool =\n"
+    "  (year mod 4 = 0 && year mod 100 <> 0) || year mod 400 = 0",
+    "manhattan_distance": "let manhattan_distance (p : point) (q : point) : int =\n"
+    "  abs (p.x - q.x) + abs (p.y - q.y)",
+    "coins_value": "let coins_value (coins : coin list) : int =\n"
+    "  List.fold_left (fun acc coin ->\n"
+    "    acc + (match coin with Penny -> 1 | Nickel -> 5 | Dime -> 10 | Quarter -> 25)) 0 coins",
+}
+# Short non-answers to the same problems: each passes some tests, type-checks, and would collect the
+# structural, type-check and compile credit (0.35 and up) without the gate.
+SHORT_NON_ANSWERS = {
+    "is_leap_year": "let is_leap_year (year : int) : bool = true",
+    "manhattan_distance": "let manhattan_distance (p : point) (q : point) : int = 0",
+    "coins_value": 'let coins_value (coins : coin list) : int = failwith "TODO"',
+}
+
+
+def fenced(code: str) -> str:
+    return f"```ocaml\n{code}\n{END_MARKER}\n```"
+
+
+def test_the_line_gate_never_costs_a_right_answer_and_still_zeroes_short_non_answers():
+    items = [
+        {
+            "problem": HELDOUT_BY_ID[pid]["prompt"],
+            "tests": HELDOUT_BY_ID[pid]["tests"],
+            "completion": fenced(code),
+        }
+        for answers in (SHORT_RIGHT, SHORT_NON_ANSWERS)
+        for pid, code in answers.items()
+    ]
+    right, wrong = score_batch(items[:3], RewardConfig()), score_batch(items[3:], RewardConfig())
+    assert [(r["stage"], r["total_reward"]) for r in right] == [("passed", 1.0)] * 3  # MIN_NON_EMPTY_LINES=8
+    assert [(r["stage"], r["total_reward"]) for r in wrong] == [("gated", 0.0)] * 3
+    assert all(r["reason"].startswith("1 code lines, fewer than MIN_NON_EMPTY_LINES=8; ") for r in wrong)
+    assert wrong[0]["reason"].endswith("4 of 7 tests passed")  # what the toolchain found is kept
+    # Without the gate the non-answers collect partial credit: the gate is what stops that.
+    assert all(r["total_reward"] >= 0.35 for r in score_batch(items[3:], NO_GATE))
 
 
 def half_right(reward: SyntaxAwareReward, **kwargs) -> float:

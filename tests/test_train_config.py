@@ -119,10 +119,10 @@ def test_bad_flag_value_names_the_variable_too() -> None:
 
 
 def test_few_shot_example_below_full_marks_stops_before_the_model_loads() -> None:
-    # With a 20-line gate the prompt's own example would score 0: it would teach what the reward punishes.
-    result = run_train_py(["--training-dataset", "data/problems.jsonl"], {"MIN_NON_EMPTY_LINES": "20"})
+    # With no time to compile, the prompt's own example scores 0.05: it would teach what the reward punishes.
+    result = run_train_py(["--training-dataset", "data/problems.jsonl"], {"OCAML_COMPILE_TIMEOUT": "0.001"})
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
-    assert result.stderr.startswith("error: few-shot example 'to_list' scores 0.00")
+    assert result.stderr.startswith("error: few-shot example 'to_list' scores 0.05")
 
 
 def test_resume_without_checkpoint_is_one_line(tmp_path) -> None:

@@ -101,18 +101,19 @@ def test_few_shot_setting_allows_exactly_the_examples_there_are() -> None:
         parse_config(["--few-shot", str(len(FEW_SHOT) + 1), "--print-config"], {})
 
 
-def test_few_shot_check_passes_at_the_defaults_and_fails_when_the_gate_is_raised() -> None:
-    check_few_shot(RewardConfig())
-    with pytest.raises(ConfigError, match=r"few-shot example 'to_list' scores 0\.00"):
-        check_few_shot(RewardConfig(min_non_empty_lines=20))
+def test_few_shot_check_passes_at_the_defaults_and_fails_when_the_sandbox_cannot_run_it() -> None:
+    check_few_shot(RewardConfig(min_non_empty_lines=20))  # the gate never costs a right answer
+    with pytest.raises(ConfigError, match=r"few-shot example 'to_list' scores 0\.05 .*compiler timed out"):
+        check_few_shot(RewardConfig(ocaml_compile_timeout=0.001))
 
 
 def test_prompt_asks_for_what_the_reward_rewards() -> None:
     problem = BUNDLED[0]["prompt"]
-    messages = build_prompt_messages(problem, min_lines=8)
+    messages = build_prompt_messages(problem)
     assert [m["role"] for m in messages] == ["system", *["user", "assistant"] * len(FEW_SHOT), "user"]
     system = messages[0]["content"]
-    assert END_MARKER in system and "```ocaml" in system and "at least 8 lines" in system
+    assert END_MARKER in system and "```ocaml" in system
+    assert "lines" not in system  # no length asked for: the line gate never costs a right answer
     assert messages[-1]["content"] == problem
     for answer in (m["content"] for m in messages[2:-1:2]):
         assert answer.startswith("```ocaml\n") and answer.endswith(f"{END_MARKER}\n```")
