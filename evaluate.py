@@ -32,14 +32,15 @@ from typing import TYPE_CHECKING
 
 import envflags
 from envflags import ConfigError
-from multipl_e import MULTIPL_E, Protocol, stop_at_stop_sequence
+from models import load_model, looks_local, weights_note
+from multipl_e import MULTIPL_E, MULTIPL_E_GREEDY, Protocol, stop_at_stop_sequence
 from ocaml_sandbox import check_toolchain
 from problem_check import leave_out_broken
 from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_problem
 from prompts import build_prompt_messages
 from rewards import STAGES, RewardConfig, reference_program, score_batch
 from run_records import eval_row, exit_status, figure, quiet_libraries
-from settings import TrainConfig, looks_local, round_rows
+from settings import TrainConfig, round_rows
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig
@@ -86,6 +87,7 @@ def sample_completions(
     k: int,
     batch_size: int,
     seed: int,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict]:
     """k completions per problem as {problem_id, sample, completion, truncated, length}, problem by problem,
     from the training prompt with the run's sampling settings (generate_samples says how they are batched)."""
@@ -126,7 +128,15 @@ def sample_completions(
     wanted = [(p["id"], i, texts[p["id"]]) for p in problems for i in range(k)]
     # The chat template has written the special tokens already.
     return generate_samples(
-        model, tokenizer, wanted, sampling, completion, batch_size=batch_size, seed=seed, special_tokens=False
+        model,
+        tokenizer,
+        wanted,
+        sampling,
+        completion,
+        batch_size=batch_size,
+        seed=seed,
+        special_tokens=False,
+        progress=progress,
     )
 
 
@@ -139,19 +149,24 @@ def sample_continuations(
     batch_size: int,
     seed: int,
     protocol: Protocol = MULTIPL_E,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict]:
     """k raw continuations of each prompt as {problem_id, sample, completion, truncated, length}, in
     MultiPL-E's way (multipl_e.Protocol): the prompt stripped and tokenized as plain text (no chat template),
-    sampled with its temperature and top-p, the text cut at the first stop sequence. A continuation that hit
-    max_new_tokens with no stop sequence and no end token is `truncated`."""
+    sampled with its temperature and top-p (greedy at temperature 0), the text cut at the first stop
+    sequence. A continuation that hit max_new_tokens with no stop sequence and no end token is `truncated`."""
     from transformers import GenerationConfig
 
     end_ids = set(end_token_ids(model, tokenizer))
+    sampled = protocol.temperature > 0
+    # Every sampling value set here, none left to the model's generation_config (the hub's Qwen2.5 files
+    # ask for top-k 20 and a repetition penalty of 1.1).
     sampling = GenerationConfig(
-        do_sample=True,
-        temperature=protocol.temperature,
-        top_p=protocol.top_p,
-        top_k=0,
+        do_sample=sampled,
+        temperature=protocol.temperature if sampled else None,
+        top_p=protocol.top_p if sampled else None,
+        top_k=0 if sampled else None,
+        repetition_penalty=1.0,
         max_new_tokens=protocol.max_new_tokens,
         eos_token_id=sorted(end_ids),
         pad_token_id=tokenizer.pad_token_id,
@@ -172,7 +187,7 @@ def sample_continuations(
 
     wanted = [(p["id"], i, p["problem"].strip()) for p in problems for i in range(k)]
     return generate_samples(
-        model, tokenizer, wanted, sampling, continuation, batch_size=batch_size, seed=seed
+        model, tokenizer, wanted, sampling, continuation, batch_size=batch_size, seed=seed, progress=progress
     )
 
 
@@ -186,6 +201,7 @@ def generate_samples(
     batch_size: int,
     seed: int,
     special_tokens: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict]:
     """Each (problem_id, sample, prompt text) of `wanted` sampled once with the GenerationConfig `sampling`,
     as {problem_id, sample, **read(the completion's token ids)}, in order.
@@ -194,6 +210,7 @@ def generate_samples(
     short last batch is not filled up (the compiled sampler, generation.py, pads its calls to a round
     itself). The same seed gives every model the same random stream; the caller's random state, train/eval
     mode and grad mode are as they were afterwards, so the trainer can call this on the model it is training.
+    `progress` gets the number of completions sampled so far after each call.
     """
     import torch
 
@@ -219,6 +236,8 @@ def generate_samples(
                 completions = output[:, inputs["input_ids"].shape[1] :].tolist()
                 for (problem_id, sample, _), ids in zip(batch, completions, strict=True):
                     samples.append({"problem_id": problem_id, "sample": sample, **read(ids)})
+                if progress:
+                    progress(len(samples))
     finally:
         model.train(was_training)
     return samples
@@ -257,14 +276,26 @@ def evaluate_model(
     k: int,
     batch_size: int,
     seed: int,
-    protocol: str = "chat",
+    protocol: Protocol | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict]:
-    """Scored samples of one model, with the run's sampling and reward settings; with the `multipl-e`
-    protocol, sampled as MultiPL-E samples (multipl_e.py) and scored by the same reward."""
-    if protocol == "multipl-e":
-        samples = sample_continuations(model, tokenizer, problems, k=k, batch_size=batch_size, seed=seed)
+    """Scored samples of one model, with the run's sampling and reward settings; with a MultiPL-E
+    `protocol`, sampled as MultiPL-E samples (multipl_e.py) and scored by the same reward."""
+    if protocol is not None:
+        samples = sample_continuations(
+            model,
+            tokenizer,
+            problems,
+            k=k,
+            batch_size=batch_size,
+            seed=seed,
+            protocol=protocol,
+            progress=progress,
+        )
     else:
-        samples = sample_completions(model, tokenizer, problems, cfg, k=k, batch_size=batch_size, seed=seed)
+        samples = sample_completions(
+            model, tokenizer, problems, cfg, k=k, batch_size=batch_size, seed=seed, progress=progress
+        )
     return score_samples(samples, problems, cfg)
 
 
@@ -412,13 +443,17 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([*lines, *("| " + " | ".join(cells) + " |" for cells in rows)])
 
 
+def pass_columns(k: int) -> list[str]:
+    """pass@1, and pass@k beside it when k > 1."""
+    return ["pass@1"] if k == 1 else ["pass@1", f"pass@{k}"]
+
+
 def summary_table(summaries: dict[str, dict], k: int) -> str:
-    header = ["model", "pass@1", f"pass@{k}", "mean reward", "reward std", "truncated", *STAGES]
+    header = ["model", *pass_columns(k), "mean reward", "reward std", "truncated", *STAGES]
     rows = [
         [
             label,
-            f"{s['pass@1']:.1%}",
-            f"{s[f'pass@{k}']:.1%}",
+            *(f"{s[column]:.1%}" for column in pass_columns(k)),
             f"{s['mean_reward']:.3f}",
             f"{s['reward_std']:.3f}",
             f"{s['truncated']:.0%}",
@@ -430,14 +465,13 @@ def summary_table(summaries: dict[str, dict], k: int) -> str:
 
 
 def difficulty_table(summaries: dict[str, dict], k: int) -> str:
-    header = ["model", "difficulty", "problems", "pass@1", f"pass@{k}", "mean reward"]
+    header = ["model", "difficulty", "problems", *pass_columns(k), "mean reward"]
     rows = [
         [
             label,
             d,
             str(s["problems"]),
-            f"{s['pass@1']:.1%}",
-            f"{s[f'pass@{k}']:.1%}",
+            *(f"{s[column]:.1%}" for column in pass_columns(k)),
             f"{s['mean_reward']:.3f}",
         ]
         for label, summary in summaries.items()
@@ -553,55 +587,6 @@ def read_rows(path: Path) -> list[dict]:
 # Models
 
 
-def load_base(model_id: str):
-    """Model (on the GPU when there is one, eval mode) and tokenizer, with a pad token for batches."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(model_id).expanduser()
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise ConfigError(f"{model_id}: no config.json (model) or adapter_config.json (adapter) there")
-    if not path.exists() and looks_local(model_id):
-        raise ConfigError(f"{model_id}: no such model folder")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_id)
-        model = AutoModelForCausalLM.from_pretrained(model_id, dtype="auto")
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{model_id}: cannot load it ({' '.join(str(err).split())})") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval(), tokenizer
-
-
-def with_adapter(model, adapter_dir: Path):
-    from peft import PeftModel
-
-    try:
-        return PeftModel.from_pretrained(model, str(adapter_dir)).eval()
-    except (OSError, ValueError, RuntimeError) as err:
-        raise ConfigError(f"{adapter_dir}: cannot load the adapter ({' '.join(str(err).split())})") from None
-
-
-def adapter_base(adapter_dir: Path) -> str:
-    """The base model an adapter folder names (PEFT's base_model_name_or_path)."""
-    try:
-        base = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{adapter_dir}/adapter_config.json: not JSON ({err.msg})") from None
-    if not base.get("base_model_name_or_path"):
-        raise ConfigError(f"{adapter_dir}/adapter_config.json names no base model: pass --base")
-    return base["base_model_name_or_path"]
-
-
-def load_model(spec: str, base: str | None = None):
-    """A model id or folder, or a PEFT adapter folder on its own base model (or on `base`)."""
-    path = Path(spec).expanduser()
-    if (path / "adapter_config.json").is_file():
-        model, tokenizer = load_base(base or adapter_base(path))
-        return with_adapter(model, path), tokenizer
-    return load_base(spec)
-
-
 def labels_of(specs: Sequence[str]) -> list[str]:
     """Short, file-name-safe, distinct labels: the last path part, numbered when two share it."""
     names = [re.sub(r"[^A-Za-z0-9._+-]", "_", Path(spec).name or spec) for spec in specs]
@@ -612,12 +597,19 @@ def labels_of(specs: Sequence[str]) -> list[str]:
 # Command line
 
 
-def report(header: str, summaries: dict[str, dict], k: int, comparisons: dict[tuple[str, str], dict]) -> str:
+def report(
+    header: str,
+    summaries: dict[str, dict],
+    k: int,
+    comparisons: dict[tuple[str, str], dict],
+    notes: Sequence[str] = (),
+) -> str:
     parts = [
         "# Held-out evaluation",
         header,
         "## Summary",
         summary_table(summaries, k),
+        *(["\n".join(f"- {note}" for note in notes)] if notes else []),
         "## Per difficulty",
         difficulty_table(summaries, k),
     ]
@@ -631,6 +623,39 @@ def run_compare(path_a: Path, path_b: Path) -> None:
     print(comparison_markdown(result, str(path_a), str(path_b)))
 
 
+def sampling_progress(label: str, total: int) -> Callable[[int], None]:
+    """One line per generate call on stderr: completions sampled of the total, the rate, the time left."""
+    started = time.monotonic()
+
+    def show(done: int) -> None:
+        seconds = time.monotonic() - started
+        left = seconds / done * (total - done)
+        print(
+            f"{label}: {done}/{total} completions sampled in {duration(seconds)}, "
+            f"{60 * done / seconds:.1f} per min, about {duration(left)} left",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def counting_broken(summary: dict, k: int, broken: int) -> str:
+    """pass@1 (and pass@k) over every problem, the broken ones counted as failures, as MultiPL-E's own
+    harness scores a problem whose tests cannot pass."""
+    usable = summary["problems"]
+    shares = [f"{column} {summary[column] * usable / (usable + broken):.1%}" for column in pass_columns(k)]
+    return (
+        f"{', '.join(shares)} with the {broken} broken problems counted as failures (of {usable + broken}, "
+        "as MultiPL-E's harness scores them)"
+    )
+
+
 def run_evaluation(args: argparse.Namespace) -> None:
     quiet_libraries()
     cfg = envflags.from_env(TrainConfig)
@@ -640,15 +665,21 @@ def run_evaluation(args: argparse.Namespace) -> None:
     if looks_local(source) and not Path(source).expanduser().exists():
         raise ConfigError(f"--problems {source}: no such file or folder")
     check_toolchain()
-    problems, _ = leave_out_broken(load_problems(source, setting_name="--problems"), cfg, reference_program)
+    problems, check = leave_out_broken(
+        load_problems(source, setting_name="--problems"), cfg, reference_program
+    )
+    broken = len(check.broken) if args.n is None else 0  # a draw of n problems has no broken ones
     problems = pick_problems(problems, args.n, args.seed)
     if not problems:
         raise ConfigError(f"{source}: no usable problems")
+    protocol = None
     if args.protocol == "multipl-e":
-        args.k = args.k or MULTIPL_E.samples
+        protocol = MULTIPL_E_GREEDY if args.greedy else MULTIPL_E
+        args.k = args.k or protocol.samples
+        decoding = "greedy" if args.greedy else f"temperature {protocol.temperature}, top-p {protocol.top_p}"
         sampling = (
-            f"MultiPL-E's protocol: raw prompt, temperature {MULTIPL_E.temperature}, top-p "
-            f"{MULTIPL_E.top_p}, up to {MULTIPL_E.max_new_tokens} new tokens, its stop sequences"
+            f"MultiPL-E's protocol: raw prompt, {decoding}, up to {protocol.max_new_tokens} new tokens, "
+            "its stop sequences"
         )
     else:
         args.k = args.k or 4
@@ -660,7 +691,7 @@ def run_evaluation(args: argparse.Namespace) -> None:
     )
     print(header)
     out_dir = Path(args.out_dir or cfg.output_dir)
-    summaries, results = {}, {}
+    summaries, results, notes = {}, {}, []
     for spec, label in zip(args.models, labels_of(args.models), strict=True):
         started = time.monotonic()
         model, tokenizer = load_model(spec, args.base)
@@ -672,7 +703,8 @@ def run_evaluation(args: argparse.Namespace) -> None:
             k=args.k,
             batch_size=args.batch_size,
             seed=args.seed,
-            protocol=args.protocol,
+            protocol=protocol,
+            progress=sampling_progress(label, len(problems) * args.k),
         )
         del model  # one model in memory at a time
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -680,13 +712,19 @@ def run_evaluation(args: argparse.Namespace) -> None:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         results[label], summaries[label] = rows, summarize(rows, args.k)
         print(f"{label}: {len(rows)} completions scored in {time.monotonic() - started:.1f} s -> {path}")
+        if note := weights_note(spec, args.base):
+            notes.append(f"{label}: {note}")
+        if broken:
+            notes.append(f"{label}: {counting_broken(summaries[label], args.k, broken)}")
     first, *others = results
     comparisons = {(first, label): compare(results[first], results[label]) for label in others}
     print(f"\n{summary_table(summaries, args.k)}\n\n{difficulty_table(summaries, args.k)}\n")
+    for line in notes:
+        print(line)
     for (label_a, label_b), result in comparisons.items():
         print(f"{label_b} against {label_a}: {comparison_totals(result)}")
     path = out_dir / "eval_report.md"
-    path.write_text(report(header, summaries, args.k, comparisons), encoding="utf-8")
+    path.write_text(report(header, summaries, args.k, comparisons, notes), encoding="utf-8")
     print(f"report: {path}")
 
 
@@ -705,6 +743,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="chat",
         help="chat: the training prompt and sampling (default); multipl-e: MultiPL-E's own, for numbers "
         "comparable with published ones",
+    )
+    parser.add_argument(
+        "--greedy",
+        action="store_true",
+        help="with --protocol multipl-e: greedy decoding, one completion per problem",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampling (and the draw of -n)")
     parser.add_argument(
@@ -731,6 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give one or more models, or --compare A.jsonl B.jsonl")
     if min(args.n or 1, args.k or 1, args.batch_size) < 1:
         parser.error("-n, -k and --batch-size must be at least 1")
+    if args.greedy and (args.protocol != "multipl-e" or (args.k or 1) != 1):
+        parser.error("--greedy goes with --protocol multipl-e and one sample per problem (-k 1)")
     return exit_status(lambda: run_compare(*args.compare) if args.compare else run_evaluation(args))
 
 

@@ -57,7 +57,6 @@ import torch
 from peft import PeftModel
 from torch._dynamo.utils import counters  # dynamo's own tally of compiled graphs; no public equivalent
 from transformers import (
-    AutoConfig,
     AutoModelForCausalLM,
     CompileConfig,
     GenerationConfig,
@@ -70,6 +69,7 @@ from transformers import (
 from transformers.generation import utils as generate_loop  # its StopCheck: no public way to pass one
 
 from envflags import ConfigError
+from models import load_config
 
 # transformers' compile backend on CUDA is inductor. On the CPU transformers does not compile at all; the
 # sampler makes it run dynamo with the eager backend there, so the graph capture, its guards and its
@@ -596,8 +596,9 @@ def update_peak_bytes(config: PretrainedConfig, weight_bytes: int, tokens_per_pa
 
 
 def model_update_peak_bytes(model_id: str, tokens_per_pass: int) -> int:
-    """update_peak_bytes of the model `model_id`, its config read (from the hub or a local folder)."""
-    config = AutoConfig.from_pretrained(model_id)
+    """update_peak_bytes of the model `model_id`, its config read (from the hub, a local folder or a GGUF
+    file)."""
+    config = load_config(model_id)
     return update_peak_bytes(config, model_size(config)[1], tokens_per_pass)
 
 

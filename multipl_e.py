@@ -46,6 +46,7 @@ class Protocol:
 
 
 MULTIPL_E = Protocol()
+MULTIPL_E_GREEDY = Protocol(temperature=0.0, samples=1)  # greedy decoding: pass@1 from one completion
 
 
 # --- sources ----------------------------------------------------------------------------------------------

@@ -46,11 +46,11 @@ class Skipped(Exception):
 
 @functools.cache
 def _model_config_or_error(model_id: str):
-    from transformers import AutoConfig
+    from models import load_config
 
     try:
-        return AutoConfig.from_pretrained(model_id), None
-    except (OSError, ValueError) as err:
+        return load_config(model_id), None
+    except ConfigError as err:
         return None, err
 
 
@@ -393,11 +393,11 @@ def checks(
     yield "toolchain", lambda: check_toolchain(cfg)
     yield "sandbox", lambda: check_sandbox(cfg)
     yield "reward", lambda: check_reward(cfg)
-    from prompts import load_tokenizer
+    from models import load_tokenizer
 
     tokenizer = None
     try:
-        tokenizer = load_tokenizer(cfg.model_id)
+        tokenizer = load_tokenizer(cfg.model_id, "GRPO_MODEL_ID")
     except ConfigError as err:
         message = str(err)
 

@@ -75,16 +75,6 @@ def check_few_shot(cfg: RewardConfig) -> None:
             )
 
 
-def load_tokenizer(model_id: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model_id)
-    except (OSError, ValueError) as err:
-        reason = " ".join(str(err).split())  # transformers' messages span lines; ours are one line
-        raise ConfigError(f"GRPO_MODEL_ID={model_id!r}: cannot load its tokenizer ({reason})") from None
-
-
 def prompt_token_count(tokenizer, messages: list[dict]) -> int:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envflags import ConfigError, setting
-from problems import DATASET_BUILDERS, bundled_path
+from models import is_gguf, looks_local
+from problems import bundled_path
 from rewards import RewardConfig
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -297,8 +298,10 @@ def round_rows(cfg: TrainConfig) -> int:
 def check_paths(cfg: TrainConfig, sources: Mapping[str, str]) -> None:
     """Local model and dataset paths must exist; each failure is one line."""
     model_path = Path(cfg.model_id).expanduser()
+    if is_gguf(cfg.model_id) and not model_path.is_file():
+        raise ConfigError(f"GRPO_MODEL_ID={cfg.model_id!r}: no such GGUF file")
     model_missing = not (model_path / "config.json").is_file() and sources["model_id"] != "demo"
-    if looks_local(cfg.model_id) and model_missing:
+    if looks_local(cfg.model_id) and model_missing and not is_gguf(cfg.model_id):
         raise ConfigError(f"GRPO_MODEL_ID={cfg.model_id!r}: no model directory (config.json) there")
     datasets = [
         ("TRAINING_DATASET", cfg.training_dataset),
@@ -312,13 +315,3 @@ def check_paths(cfg: TrainConfig, sources: Mapping[str, str]) -> None:
         raise ConfigError(
             f"GRPO_INIT_ADAPTER={cfg.init_adapter!r}: no PEFT adapter (adapter_config.json) there"
         )
-
-
-def looks_local(name: str) -> bool:
-    """A hub id is `owner/name`; anything that exists, or reads like a path or a file name, is local."""
-    return (
-        Path(name).expanduser().exists()
-        or name.startswith((".", "/", "~"))
-        or name.count("/") > 1
-        or Path(name).suffix in DATASET_BUILDERS
-    )

@@ -31,10 +31,11 @@ import envflags
 from demo import DEMO_SETTINGS
 from envflags import ConfigError
 from evaluate import held_out_evaluation, split_held_out
+from models import is_gguf, load_causal_lm, load_tokenizer
 from ocaml_sandbox import check_toolchain
 from problem_check import leave_out_broken
 from problems import load_problems
-from prompts import build_sft_dataset, build_train_dataset, check_few_shot, fitting_prompts, load_tokenizer
+from prompts import build_sft_dataset, build_train_dataset, check_few_shot, fitting_prompts
 from rewards import SyntaxAwareReward, reference_program
 from run_records import (
     append_log_line,
@@ -164,9 +165,9 @@ def grpo_args(cfg: TrainConfig, use_bf16: bool):
         ddp_find_unused_parameters=False,
         seed=cfg.seed,
         # Load the weights in the dtype they were saved in (bf16 for Qwen2.5) rather than TRL's float32:
-        # half the memory, and generation, which runs outside autocast, at bf16 speed. With
-        # GRPO_INIT_ADAPTER train.py loads the model itself, the same way.
-        model_init_kwargs=None if cfg.init_adapter else {"dtype": "auto"},
+        # half the memory, and generation, which runs outside autocast, at bf16 speed. A model train.py
+        # loads itself (policy_model) is loaded the same way.
+        model_init_kwargs=None if loads_policy_itself(cfg) else {"dtype": "auto"},
     )
 
 
@@ -174,15 +175,22 @@ def print_nothing(text: str) -> None:
     """What processes other than the main one do with log lines and notes."""
 
 
-def policy_with_adapter(cfg: TrainConfig):
-    """GRPO_MODEL_ID with the trainable LoRA adapter of GRPO_INIT_ADAPTER (say, --sft's) for GRPO to train."""
+def loads_policy_itself(cfg: TrainConfig) -> bool:
+    """Whether train.py loads the model rather than TRL: a GGUF file, or a base for GRPO_INIT_ADAPTER."""
+    return bool(cfg.init_adapter) or is_gguf(cfg.model_id)
+
+
+def policy_model(cfg: TrainConfig):
+    """What the trainer gets as its model: the id, which TRL loads, or the model loaded here: a GGUF file
+    dequantized (models.py), with GRPO_INIT_ADAPTER's trainable LoRA adapter (say, --sft's) where set."""
+    if not loads_policy_itself(cfg):
+        return cfg.model_id
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(cfg.seed)
-    base = AutoModelForCausalLM.from_pretrained(cfg.model_id, dtype="auto")
-    return PeftModel.from_pretrained(base, cfg.init_adapter, is_trainable=True)
+    base = load_causal_lm(cfg.model_id)
+    return PeftModel.from_pretrained(base, cfg.init_adapter, is_trainable=True) if cfg.init_adapter else base
 
 
 def lora_config(cfg: TrainConfig):
@@ -238,7 +246,7 @@ def train(
     with args.main_process_first(desc="problem check"):
         problems, _ = leave_out_broken(problems, cfg, reference_program, note, what="TRAINING_DATASET")
         problems, held_out = split_held_out(problems, cfg, note)
-    tokenizer = load_tokenizer(cfg.model_id)
+    tokenizer = load_tokenizer(cfg.model_id, "GRPO_MODEL_ID")
     dataset = build_train_dataset(problems, tokenizer, cfg, note)
     if held_out:  # over-long prompts dropped as training drops them: evaluation keeps the training shape
         held_out = [p for p, _ in fitting_prompts(held_out, tokenizer, cfg, "the held-out set", note)]
@@ -260,7 +268,7 @@ def train(
     note(f"sampling: {cfg.generation}; gradient checkpointing: {'on' if checkpointing else 'off'} ({why})")
     if cfg.init_adapter:
         note(f"GRPO continues to train the adapter {cfg.init_adapter} on {cfg.model_id}")
-    policy = policy_with_adapter(cfg) if cfg.init_adapter else cfg.model_id
+    policy = policy_model(cfg)
     adapter_dir = output_dir / "adapter"
     card = lambda: model_card(cfg, sources, metrics_path, adapter_dir)
     reward = SyntaxAwareReward(
@@ -335,10 +343,9 @@ def train(
 def merge_adapter(model_id: str, adapter_dir: Path, out_dir: Path) -> None:
     """Base model + LoRA adapter folded into one model, loaded afresh so that it works after any launcher."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    base = AutoModelForCausalLM.from_pretrained(model_id, dtype="auto")
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged = PeftModel.from_pretrained(load_causal_lm(model_id), str(adapter_dir)).merge_and_unload()
     merged.save_pretrained(out_dir)
     AutoTokenizer.from_pretrained(adapter_dir).save_pretrained(out_dir)
 
@@ -375,15 +382,15 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
         activation_checkpointing=checkpointing,
         dataloader_pin_memory=torch.cuda.is_available(),
         ddp_find_unused_parameters=False,
-        model_init_kwargs={"dtype": "auto"},
+        model_init_kwargs=None if is_gguf(cfg.model_id) else {"dtype": "auto"},
     )
     source = cfg.sft_dataset or cfg.training_dataset
     setting_name = "SFT_DATASET" if cfg.sft_dataset else "TRAINING_DATASET"
     problems = load_problems(source, warn=note, for_sft=True, setting_name=setting_name)
     problems, _ = leave_out_broken(problems, cfg, reference_program, note, solutions=False, what=setting_name)
-    tokenizer = load_tokenizer(cfg.model_id)
+    tokenizer = load_tokenizer(cfg.model_id, "GRPO_MODEL_ID")
     return SFTTrainer(
-        model=cfg.model_id,
+        model=load_causal_lm(cfg.model_id) if is_gguf(cfg.model_id) else cfg.model_id,
         args=args,
         train_dataset=build_sft_dataset(problems, tokenizer, cfg, note),
         processing_class=tokenizer,

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 import demo  # noqa: E402
 import envflags  # noqa: E402
 import evaluate  # noqa: E402
+import models  # noqa: E402
 import settings  # noqa: E402
 from problems import BUNDLED_PROBLEMS, load_problems  # noqa: E402
 
@@ -58,7 +59,7 @@ def main() -> int:
     cfg = envflags.from_env(settings.TrainConfig, {"GRPO_MAX_COMPLETION": max_completion})
     problems = evaluate.pick_problems(load_problems(str(BUNDLED_PROBLEMS)), PROBLEMS, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        model, tokenizer = evaluate.load_base(str(demo.build_tiny_model(Path(tmp) / "model")))
+        model, tokenizer = models.load_base(str(demo.build_tiny_model(Path(tmp) / "model")))
     timed_evaluation(model, tokenizer, problems[:2], cfg, SAMPLES)  # warm-up: torch, the sandbox workers
 
     times: dict[int, list[tuple[float, float]]] = {size: [] for size in BATCH_SIZES}

@@ -10,6 +10,7 @@ import torch
 
 import envflags
 import evaluate
+import models
 import test_base_model as tbm
 from problems import BUNDLED_PROBLEMS, load_problems
 from rewards import END_MARKER, STAGES
@@ -175,7 +176,7 @@ def sample(model, tokenizer, problems: list[dict], batch_size: int, seed: int = 
 def test_batched_and_one_at_a_time_sampling_give_the_same_rows(
     tiny_model: Path, bundled: dict[str, dict]
 ) -> None:
-    model, tokenizer = evaluate.load_base(str(tiny_model))
+    model, tokenizer = models.load_base(str(tiny_model))
     problems = [bundled["count_vowels"], bundled["lcs_length"], bundled["json_to_string"]]
     one_at_a_time, batched = sample(model, tokenizer, problems, 1), sample(model, tokenizer, problems, 5)
     for rows in (one_at_a_time, batched):
@@ -192,7 +193,7 @@ def test_batched_and_one_at_a_time_sampling_give_the_same_rows(
 def test_sampling_a_training_peft_model_leaves_its_state_alone(tiny_model: Path) -> None:
     from peft import LoraConfig, get_peft_model
 
-    model, tokenizer = evaluate.load_base(str(tiny_model))
+    model, tokenizer = models.load_base(str(tiny_model))
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.5)).train()
     trainable = [name for name, p in model.named_parameters() if p.requires_grad]
     rng = torch.get_rng_state()
@@ -204,7 +205,7 @@ def test_sampling_a_training_peft_model_leaves_its_state_alone(tiny_model: Path)
 
 
 def test_plain_sampling_generates_only_the_rows_asked_for(tiny_model: Path, bundled: dict[str, dict]) -> None:
-    model, tokenizer = evaluate.load_base(str(tiny_model))
+    model, tokenizer = models.load_base(str(tiny_model))
     rows_per_call: list[int] = []
     generate = model.generate
 
@@ -230,7 +231,7 @@ def test_a_short_last_batch_samples_through_the_compiled_samplers_one_graph(
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     torch._dynamo.reset()  # this test's compile is counted on its own
-    model, tokenizer = evaluate.load_base(str(tiny_model))
+    model, tokenizer = models.load_base(str(tiny_model))
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"]))
     lines: list[str] = []
     sampler = CompiledSampler(2048, 4, log=lines.append)
@@ -283,7 +284,7 @@ def test_cli_names_what_is_missing_in_one_line(
     assert capsys.readouterr().err == "error: --problems nowhere/held.jsonl: no such file or folder\n"
     argv = [str(tmp_path / "no-model"), "--problems", str(BUNDLED_PROBLEMS), "--out-dir", str(tmp_path)]
     assert evaluate.main(argv) == 2
-    assert capsys.readouterr().err == f"error: {tmp_path / 'no-model'}: no such model folder\n"
+    assert capsys.readouterr().err == f"error: {tmp_path / 'no-model'}: no such model folder or file\n"
 
 
 # ------------------------------------------------------------------------------------------------------------
