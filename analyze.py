@@ -428,17 +428,20 @@ def stages_section(run: Run, gated: Check) -> list[str]:
         examples = [r for r in rows if r.get("stage") == stage][-EXAMPLES_PER_STAGE:]
         for r in examples:
             preview = "\n".join(str(r.get("preview", "")).splitlines()[:12])
-            lines += [
-                f"**{stage}** ({r.get('problem_id', '?')}): {r.get('reason', '')}",
-                "",
-                "```ocaml",
-                preview,
-                "```",
-            ]
+            lines += [f"**{stage}** ({r.get('problem_id', '?')}): {r.get('reason', '')}", ""]
+            lines += fenced(preview, "ocaml")
             if r.get("error_sample"):
-                lines += ["", "```text", "\n".join(str(r["error_sample"]).splitlines()[:6]), "```"]
+                lines += ["", *fenced("\n".join(str(r["error_sample"]).splitlines()[:6]), "text")]
             lines.append("")
     return lines
+
+
+def fenced(text: str, info: str) -> list[str]:
+    """A markdown code block holding `text` as it is: its fence is longer than any run of backticks in it,
+    so a completion's own ```ocaml fence shows as text instead of closing the block."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}{info}", text, fence]
 
 
 def eval_section(evals: Sequence[Row], memorising: Check) -> list[str]:

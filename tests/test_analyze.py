@@ -277,6 +277,32 @@ def test_reward_logs_give_stages_errors_examples_and_the_gate_advice(tmp_path: P
     assert (result.status, result.decision) == ("yellow", "adjust")
 
 
+def code_blocks(markdown: str) -> list[str]:
+    """The fenced code blocks of a markdown text as CommonMark closes them: a block that opens with N
+    backticks ends at the first line of N or more backticks and nothing else."""
+    blocks, fence, body = [], None, []
+    for line in markdown.splitlines():
+        if fence is None:
+            opened = re.match(r"^(`{3,})[^`]*$", line)
+            fence, body = (opened.group(1), []) if opened else (None, [])
+        elif set(line.strip()) == {"`"} and len(line.strip()) >= len(fence):
+            blocks.append("\n".join(body))
+            fence = None
+        else:
+            body.append(line)
+    assert fence is None, "a code block is left open"
+    return blocks
+
+
+def test_a_completions_own_fence_stays_inside_the_reports_example(tmp_path: Path) -> None:
+    folder = healthy(tmp_path)
+    real = "Here is the function:\n\n```ocaml\nlet rec rec f x =\n  x + 1\n(* END *)\n```"
+    write_reward_logs(folder, [breakdown("syntax_error", i, real, "line 1: Syntax error") for i in range(3)])
+    blocks = code_blocks(report(folder).markdown)
+    assert real in blocks  # whole, its own fence included, not cut at it
+    assert "line 1: Syntax error" in blocks
+
+
 def test_gated_gibberish_is_not_blamed_on_the_gate(tmp_path: Path) -> None:
     folder = healthy(tmp_path)
     write_reward_logs(folder, [breakdown("gated", i, "\x1f\ufffd raises <> Coin nc") for i in range(50)])
