@@ -20,6 +20,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,14 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from multipl_e import repair_hint, repair_problems
+from multipl_e import Val, function_calls, repair_hint, repair_problems, signature
 from ocaml_sandbox import OCAML_SOURCES, Job, Limits, Outcome, SandboxPool
 from problems import Problem, load_problems, load_rows, parse_problem, usable_problems
 
 CACHE_FILE = "problem-check.jsonl"
 # Bumped whenever what the check asks changes, so that older verdicts are not reused.
-CHECK_VERSION = "1"
+CHECK_VERSION = "3"
 STUB_BODY = "  assert false"  # of every type, so it fits whatever the signature returns
+NEGATION = re.compile(r"(~-\.|~-|-\.|-|~)?(.*)", re.S)  # a literal's sign, as OCaml or MultiPL-E writes it
 
 # The reward's assembly of a solution into a program (rewards.reference_program), handed in by the caller:
 # the reward's CLI runs this check, so this module cannot import the reward.
@@ -83,11 +85,12 @@ def first_line(text: str) -> str:
     return (text.strip().splitlines() or ["(no message)"])[0].removeprefix("checker: ")
 
 
-def stub_error(outcome: Outcome, tests: str) -> str | None:
-    """Why the tests do not fit the signature, or None when they do."""
+def stub_error(outcome: Outcome, tests: str, problem: str = "") -> str | None:
+    """Why the tests do not fit the signature, or None when they do; a MultiPL-E rendering bug in the prompt
+    or the tests is named where there is one."""
     if not outcome.compiled:
         error = first_line(outcome.error_sample)
-        return f"the tests do not compile against the signature: {error}{repair_hint(tests)}"
+        return f"the tests do not compile against the signature: {error}{repair_hint(tests, problem)}"
     if outcome.tests_total == 0:
         return "the tests hold no `assert`, so no completion can earn the tests' share of the reward"
     return None
@@ -196,7 +199,7 @@ def check_problems(
     if todo:
         pool = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
         try:
-            fresh = _verdicts([jobs[i] for i in todo], pool)
+            fresh = _verdicts([jobs[i] for i in todo], [problems[i]["problem"] for i in todo], pool)
         finally:
             pool.close()
     new = {}
@@ -209,14 +212,63 @@ def check_problems(
     return CheckResult(broken, len(problems), len(problems) - len(todo), time.monotonic() - started)
 
 
-def _verdicts(jobs: Sequence[tuple[Job, Job | None]], pool: SandboxPool) -> list[tuple[str | None, bool]]:
+def canonical(value: Val, text: str) -> object:
+    """A literal value in a form where two spellings of one value are equal (`(-1)` and `-1`, `1.` and
+    `1.0`); None for what is not a literal."""
+    if value.kind in ("list", "array", "tuple", "some"):
+        items = [canonical(item, text) for item in value.items]
+        return None if None in items else (value.kind, *items)
+    spelled = text[value.start : value.end]
+    if value.kind in ("int", "float"):
+        negation, digits = NEGATION.match("".join(spelled.split()).replace("_", "")).groups()
+        sign = -1 if negation else 1
+        try:
+            if value.kind == "float":
+                return sign * float(digits)
+            return sign * int(digits, 0 if digits[:2].lower() in ("0x", "0o", "0b") else 10)
+        except ValueError:
+            return None
+    return None if value.kind == "other" else (value.kind, spelled)
+
+
+def contradiction(problem: str, tests: str) -> str | None:
+    """Why no answer can pass the tests when two of them expect different results of the same call (literal
+    arguments and results, MultiPL-E's `(assert ((candidate ARGS) = EXPECTED))`), else None. The fault is
+    the tests' own: MultiPL-E's translator can render two different Python calls alike (`f(3, 4, 7)` and
+    `f(3.0, 4, 7)` both as `candidate 3.0 4.0 7.0` where the parameters are floats)."""
+    sig = signature(problem)
+    if sig is None:
+        return None
+    seen: dict[tuple, tuple[int, object, str]] = {}  # call -> (line, result, result as written)
+    for args, expected in function_calls(tests, sig):
+        call = tuple(canonical(arg, tests) for arg in args)
+        result = canonical(expected, tests) if expected else None
+        if expected is None or result is None or None in call or all(a.kind == "unit" for a in args):
+            continue
+        line, shown = tests.count("\n", 0, expected.start) + 1, tests[expected.start : expected.end]
+        earlier_line, earlier_result, earlier_shown = seen.setdefault(call, (line, result, shown))
+        if earlier_result != result:
+            arguments = tests[args[0].start : args[-1].end]
+            return (
+                f"the tests contradict each other: lines {earlier_line} and {line} expect `{earlier_shown}` "
+                f"and `{shown}` of the same call with `{arguments}`, so no answer passes them all (a fault "
+                "of the tests themselves, not a rendering bug REPAIR_PROBLEMS repairs)"
+            )
+    return None
+
+
+def _verdicts(
+    jobs: Sequence[tuple[Job, Job | None]], prompts: Sequence[str], pool: SandboxPool
+) -> list[tuple[str | None, bool]]:
     """(error or None, whether the verdict is definite) per problem; every job is submitted before any
     result is awaited, so the workers stay busy."""
     futures = [(pool.submit(stub), pool.submit(ref) if ref else None) for stub, ref in jobs]
     results = []
-    for (stub_program, _), (stub, reference) in zip(jobs, futures, strict=True):
+    for (stub_program, _), prompt, (stub, reference) in zip(jobs, prompts, futures, strict=True):
         outcome = stub.result()
-        error, definite = stub_error(outcome, stub_program.tests), is_definite(outcome)
+        error, definite = stub_error(outcome, stub_program.tests, prompt), is_definite(outcome)
+        if error is None:  # tests that compile but contradict each other fail every answer, a reference's too
+            error = contradiction(prompt, stub_program.tests)
         if error is None and reference is not None:
             outcome = reference.result()
             error, definite = reference_error(outcome), is_definite(outcome)

@@ -25,6 +25,10 @@ DEMO_HELDOUT = ROOT / "data" / "demo_heldout.jsonl"  # a dozen unseen problems o
 HELDOUT_PROBLEMS = ROOT / "data" / "heldout.jsonl"
 
 IDENT = r"[a-z_][A-Za-z0-9_']*"
+# A function's name as a prompt may spell it: MultiPL-E's translator keeps Python's capitals
+# (`let Strongest_Extension ...`), which OCaml rejects. Read, the problem is checked (and named broken) like
+# any other, and REPAIR_PROBLEMS=1 can repair it (multipl_e.py).
+FUNCTION = r"[A-Za-z_][A-Za-z0-9_']*"
 TYPE_NAME = re.compile(rf"^(?:type|and)\s+(?:nonrec\s+)?(?:'\w+\s+|\([^)]*\)\s+)?({IDENT})", re.M)
 ESCAPED_LINE_BREAK = re.compile(r"\\\\|\\n")
 
@@ -39,7 +43,7 @@ class Problem:
 
 def parse_problem(text: str) -> Problem:
     """Split a problem prompt at its final top-level `let`; ValueError when it has none."""
-    signatures = list(re.finditer(rf"^let\s+(rec\s+)?({IDENT})\b", text, re.M))
+    signatures = list(re.finditer(rf"^let\s+(rec\s+)?({FUNCTION})\b", text, re.M))
     if not signatures:
         raise ValueError("the problem has no signature line `let f ... =`")
     match = signatures[-1]
