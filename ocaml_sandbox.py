@@ -104,6 +104,10 @@ class Outcome:
     # assertion that raised (first_failure); never a path of the worker's folders.
     error_sample: str = ""
     assert_lines: list[int] = field(default_factory=list)  # the tests' line of each assertion, in order
+    # A solution that does not parse: how many single-token edits (1 to 3) made it parse, 0 when none did,
+    # and the independent type errors of the text so repaired (ocaml/checker.ml). Only the grade uses them.
+    syntax_repairs: int = 0
+    repaired_type_errors: int = 0
 
     @property
     def tests_passed(self) -> int:
@@ -424,8 +428,10 @@ class _Worker:
             self.checker.stop()
             self.checker = None
             return Outcome(ended="compile timeout", error_sample="the compiler timed out or crashed")
-        fields = reply.split("\t", 7)
+        # The checker's error_sample has no tab in it, so every field splits off.
+        fields = reply.split("\t")
         numbers = [int(x) for x in fields[:6]]
+        repairs = [int(x) for x in fields[8:10]] + [0, 0]
         return Outcome(
             syntax_errors=numbers[0],
             type_errors=numbers[1],
@@ -435,6 +441,8 @@ class _Worker:
             tests_total=numbers[5],
             assert_lines=[int(x) for x in fields[6].split(",") if x] if len(fields) > 6 else [],
             error_sample=fields[7][:300] if len(fields) > 7 else "",
+            syntax_repairs=repairs[0],
+            repaired_type_errors=repairs[1],
         )
 
     def _run(self, cmo: Path, outcome: Outcome) -> None:

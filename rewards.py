@@ -1,15 +1,16 @@
 """The syntax-aware reward: how far a completion gets through the real OCaml toolchain.
 
     structural 0.05  the completion ends with (* END *)
-    type-check 0.20  graded by the number of independent errors; a syntax error earns nothing
+    type-check 0.20  graded by the number of independent errors; a syntax error earns nothing (with
+                     REWARD_SYNTAX_CREDIT=1, a little when at most 3 token edits make it parse)
     compile    0.10  the program with its test harness builds; partial credit when it does not
     tests      0.65  x assertions passed / assertions, only when it compiled
 
 A completion with fewer than MIN_NON_EMPTY_LINES code lines earns 0 unless it passes every test (the gate
 guards partial credit, never correctness); one that hit the length limit without the END marker is multiplied
-by RUNAWAY_PENALTY_MULTIPLIER. With REWARD_CURRICULUM=1 the weights
-follow three phases by epoch. The toolchain work runs in ocaml_sandbox's worker pool, so the TRL-facing
-callable is async and a batch is scored concurrently.
+by RUNAWAY_PENALTY_MULTIPLIER. With REWARD_CURRICULUM=1 the weights follow three phases by epoch. The
+toolchain work runs in ocaml_sandbox's worker pool, so the TRL-facing callable is async and a batch is
+scored concurrently.
 
     python rewards.py score PROBLEMS COMPLETIONS    # one JSON object per completion (no torch needed)
     python rewards.py check PROBLEMS                # each broken problem (problem_check.py), N of M usable
@@ -121,6 +122,12 @@ class RewardConfig:
         "per phase, ';'-separated: structural,type_check,compile,tests weights",
         check=_check_phases,
     )
+    reward_syntax_credit: bool = setting(
+        False,
+        "REWARD_SYNTAX_CREDIT",
+        "a syntax error that r <= 3 single-token edits make parse earns 0.25 / r of the type-check weight, "
+        "divided by the repaired text's type errors (docs/reward.md#syntax-credit)",
+    )
     ocaml_sandbox: str = setting(
         "auto",
         "OCAML_SANDBOX",
@@ -144,8 +151,9 @@ class RewardConfig:
     repair_problems: bool = setting(
         False,
         "REPAIR_PROBLEMS",
-        "repair MultiPL-E's known rendering bugs in tests ((~N), .N floats), each counted; off keeps "
-        "scores comparable with published ones",
+        "repair MultiPL-E's known rendering bugs in prompts and tests ((~N), .N floats, quotes in comments, "
+        "capitalised names, pair and tuple list types, Some(None)), each counted; off keeps scores "
+        "comparable with published ones",
     )
 
     def __post_init__(self) -> None:
@@ -250,7 +258,8 @@ def own_definition(code: str, function: str) -> int | None:
     """Where the line with the completion's own `let [rec] f` starts: the first code line, or a later line
     that starts with it after code that does not end with `in` (in a body-only answer, `let f = ... in`
     is a local value). One pass over the lines: this runs on every completion."""
-    definition = re.compile(rf"([ \t]*)let\s+(rec\s+)?{re.escape(function)}\b")
+    # `let rec rec f`, a real model's slip, is still its own definition: its syntax error, not a body.
+    definition = re.compile(rf"([ \t]*)let\s+(rec\s+)*{re.escape(function)}\b")
     offset, previous = 0, None  # previous: the last line that holds code, its comments removed
     # strip_comments keeps every line break, so the two lists line up.
     for line, code_line in zip(code.split("\n"), strip_comments(code).split("\n"), strict=True):
@@ -368,10 +377,13 @@ def stage_of(outcome: Outcome) -> str:
     return "tests_failed"
 
 
-def reason_of(stage: str, outcome: Outcome) -> str:
+def reason_of(stage: str, outcome: Outcome, syntax_credit: bool = False) -> str:
     passed = f"{outcome.tests_passed} of {outcome.tests_total} tests passed"
+    edits = outcome.syntax_repairs if syntax_credit else 0  # the count is in the breakdown either way
     return {
-        "syntax_error": "syntax error",
+        "syntax_error": f"syntax error ({edits} edit{'s' if edits > 1 else ''} from parsing)"
+        if edits
+        else "syntax error",
         "type_error": f"{outcome.type_errors} type error{'s' if outcome.type_errors > 1 else ''}",
         "compile_error": "the solution does not compile with the tests",
         "timeout": "compiler timed out" if not outcome.compiled else f"tests timed out; {passed}",
@@ -381,7 +393,12 @@ def reason_of(stage: str, outcome: Outcome) -> str:
     }[stage]
 
 
-def grade(outcome: Outcome, weights: tuple[float, float, float, float], structural_ok: bool) -> dict:
+def grade(
+    outcome: Outcome,
+    weights: tuple[float, float, float, float],
+    structural_ok: bool,
+    syntax_credit: bool = False,
+) -> dict:
     """Stage scores from the toolchain's outcome (see docs/reward.md for the formula)."""
     w_structural, w_type, w_compile, w_tests = weights
     stage = stage_of(outcome)
@@ -395,7 +412,10 @@ def grade(outcome: Outcome, weights: tuple[float, float, float, float], structur
     elif stage == "compile_error" and outcome.definitions:
         # The solution types on its own but not with the tests (wrong signature, missing function).
         type_check, compile_score = w_type, w_compile * 0.5
-    # else: a syntax error, a compiler timeout or crash earn nothing here.
+    elif syntax_credit and stage == "syntax_error" and outcome.syntax_repairs:
+        # REWARD_SYNTAX_CREDIT: below what the repaired text earns for typing, so breaking one never pays.
+        type_check = w_type * 0.25 / (outcome.syntax_repairs * max(outcome.repaired_type_errors, 1))
+    # else: any other syntax error, a compiler timeout or crash earn nothing here.
     return {
         "structural": w_structural if structural_ok else 0.0,
         "type_check": type_check,
@@ -404,9 +424,10 @@ def grade(outcome: Outcome, weights: tuple[float, float, float, float], structur
         "tests_passed": outcome.tests_passed,
         "tests_total": outcome.tests_total,
         "syntax_errors": outcome.syntax_errors,
+        "syntax_repairs": outcome.syntax_repairs,
         "type_errors": outcome.type_errors,
         "stage": stage,
-        "reason": reason_of(stage, outcome),
+        "reason": reason_of(stage, outcome, syntax_credit),
         # Where it went wrong, in the answer's own file or the tests', never the sandbox's folders.
         "error_sample": outcome.error_sample or (first_failure(outcome) if outcome.compiled else ""),
     }
@@ -454,6 +475,7 @@ def _unscored(reason: str) -> dict:
         "tests_passed": 0,
         "tests_total": 0,
         "syntax_errors": 0,
+        "syntax_repairs": 0,
         "type_errors": 0,
         "stage": "gated",
         "reason": reason,
@@ -463,7 +485,7 @@ def _unscored(reason: str) -> dict:
 
 def _counts(breakdown: dict) -> dict:
     """What the toolchain found, kept in a gated breakdown: only the reward is withheld."""
-    keys = ("tests_passed", "tests_total", "syntax_errors", "type_errors", "error_sample")
+    keys = ("tests_passed", "tests_total", "syntax_errors", "syntax_repairs", "type_errors", "error_sample")
     return {key: breakdown[key] for key in keys}
 
 
@@ -471,7 +493,11 @@ def finish(
     item: Prepared, outcome: Outcome | None, weights, cfg: RewardConfig, problem_id: Any = None
 ) -> dict:
     """The full breakdown: stage scores, the total in [0, 1], the runaway penalty."""
-    breakdown = item.early if outcome is None else grade(outcome, weights, item.structural_ok)
+    breakdown = (
+        item.early
+        if outcome is None
+        else grade(outcome, weights, item.structural_ok, cfg.reward_syntax_credit)
+    )
     if item.short and breakdown["stage"] != "passed":
         breakdown = {**_unscored(f"{item.short}; {breakdown['reason']}"), **_counts(breakdown)}
     total = breakdown["structural"] + breakdown["type_check"] + breakdown["compile"] + breakdown["tests"]
@@ -674,9 +700,9 @@ def problems_by_id(path: Path) -> dict[str, tuple[str, str]]:
 def score_files(problems_path: Path, completions_path: Path, cfg: RewardConfig) -> list[dict]:
     problems = problems_by_id(problems_path)
     if cfg.repair_problems:  # MultiPL-E's rendering bugs, each repair named on stderr
-        rows = [{"id": problem_id, "tests": tests} for problem_id, (_, tests) in problems.items()]
+        rows = [{"id": id_, "problem": problem, "tests": tests} for id_, (problem, tests) in problems.items()]
         repaired, _ = repair_problems(rows, lambda text: print(text, file=sys.stderr))
-        problems = {row["id"]: (problems[row["id"]][0], row["tests"]) for row in repaired}
+        problems = {row["id"]: (row["problem"], row["tests"]) for row in repaired}
     items = []
     for row in load_rows(completions_path):
         problem, tests = problems.get(str(row.get("problem_id")), (None, None))

@@ -6,7 +6,10 @@
    Request on stdin: a line "DIR MODULE FUNCTION" with the byte sizes of three texts, then the texts: the
    problem's definitions, the completion's solution, the tests. Reply, one line of tab-separated fields:
    syntax_errors, type_errors, definitions, definitions_ok, compiled (0/1), tests_total, the tests' line
-   of each assertion (comma-separated), error_sample.
+   of each assertion (comma-separated), error_sample, syntax_repairs, repaired_type_errors. The last two
+   say, for a solution that does not parse, how many single-token edits (1 to max_repairs) made it parse,
+   0 when none did within max_repairs, and how many independent type errors the repaired text has; both
+   are 0 when it parses. The repaired text is only graded: nothing of it is compiled or run.
 
    The unit compiled to DIR/module.cmo is [Tally.seal (); types; module Solution (_ : sig end) = struct
    code end; harness; tests]. When it does not compile, the completion is typed one top-level definition
@@ -192,21 +195,138 @@ let reply fields =
 let numbers = List.map string_of_int
 let line_list lines = String.concat "," (numbers lines)
 
-let failure syntax_errors type_errors definitions ok total lines error =
-  reply (numbers [ syntax_errors; type_errors; definitions; ok; 0; total ] @ [ line_list lines; clean (sample error) ])
+let failure ?(repairs = (0, 0)) syntax_errors type_errors definitions ok total lines error =
+  let repaired, repaired_errors = repairs in
+  reply
+    (numbers [ syntax_errors; type_errors; definitions; ok; 0; total ]
+    @ [ line_list lines; clean (sample error) ]
+    @ numbers [ repaired; repaired_errors ])
+
+(* --- How close a solution that does not parse is to parsing ------------------------------------------
+
+   Greedy, at most max_repairs single-token edits, each at the current syntax error (a lexer error too):
+   delete the token that starts there, when it is one of [deletable] (for a lexer error: the illegal
+   character, the quote of an unterminated string, the opening of an unterminated comment), insert one of
+   [inserted] before it, or insert [in] before the first token of the line of the token before it (a
+   missing [in] shows only at the end of the text or at the next definition, a line after the place it
+   belongs). An edit after which the text parses ends the search; otherwise the edit whose next error is
+   furthest on, strictly after the current one in the text as it was, is kept, and the search goes on
+   from there. Names, literals and other punctuation are never deleted, so that Python's [:] or the words
+   of prose cannot be edited away. At most max_repairs x 15 parses of the solution, after its own. *)
+
+let max_repairs = 3
+let inserted = [ "in"; ")"; "]"; "}"; "end"; "done"; "then"; "do"; "with"; "->"; "="; "|"; ";" ]
+let deletable = "rec" :: ";;" :: inserted
+
+type parsed = Parses of structure | Error_at of int | Unplaced
+
+let parse_status text =
+  match parse "solution.ml" text with
+  | items -> Parses items
+  | exception exn -> (
+      match Location.error_of_exn exn with
+      | Some (`Ok report) -> Error_at report.Location.main.loc.Location.loc_start.Lexing.pos_cnum
+      | _ -> Unplaced)
+
+(* The (start, end, lexed) offsets of the tokens of [text] from offset [from], in order, while they start
+   before [limit]; a lexer error ends the list as a token of its own extent, with lexed = false. *)
+let tokens ?(limit = max_int) text from =
+  let lexbuf = Lexing.from_string (String.sub text from (String.length text - from)) in
+  Lexer.init ();
+  let rec next acc =
+    match Lexer.token lexbuf with
+    | Parser.EOF -> List.rev acc
+    | _ ->
+        let start = from + lexbuf.Lexing.lex_start_p.Lexing.pos_cnum in
+        if start >= limit then List.rev acc
+        else next ((start, from + lexbuf.Lexing.lex_curr_p.Lexing.pos_cnum, true) :: acc)
+    | exception Lexer.Error (_, loc) ->
+        let start = from + loc.Location.loc_start.Lexing.pos_cnum in
+        let stop = ref (max (start + 1) (from + loc.Location.loc_end.Lexing.pos_cnum)) in
+        (* An illegal character of several bytes (UTF-8) goes whole. *)
+        while !stop < String.length text && Char.code text.[!stop] land 0xC0 = 0x80 do incr stop done;
+        if start >= limit then List.rev acc else List.rev ((start, !stop, false) :: acc)
+  in
+  next []
+
+(* Each edit at the error at [at]: the edited text, and where an offset of it was in [text]. *)
+let edits text at =
+  let length = String.length text in
+  let insert site token =
+    let added = String.length token + 2 in
+    ( String.sub text 0 site ^ " " ^ token ^ " " ^ String.sub text site (length - site),
+      fun q -> if q >= site + added then q - added else min q site )
+  in
+  let line_site =
+    match List.rev (tokens ~limit:at text 0) with
+    | [] -> []
+    | ((previous, _, _) :: _) as before ->
+        let line = match String.rindex_from_opt text previous '\n' with Some i -> i + 1 | None -> 0 in
+        (* [before] runs backwards: the last start on the line is the line's first token. *)
+        let first = List.fold_left (fun first (start, _, _) -> if start >= line then start else first) at before in
+        if first < at then [ first ] else []
+  in
+  let deletion =
+    match tokens ~limit:(at + 1) text at with
+    | (start, stop, lexed) :: _ when start = at && ((not lexed) || List.mem (String.sub text at (stop - at)) deletable)
+      ->
+        let removed = stop - at in
+        let origin q = if q >= at then q + removed else q in
+        [ (String.sub text 0 at ^ String.sub text stop (length - stop), origin) ]
+    | _ -> []
+  in
+  deletion @ List.map (insert at) inserted @ List.map (fun site -> insert site "in") line_site
+
+(* (edits, the repaired items) when at most max_repairs edits make [text] parse. *)
+let repair text =
+  let rec search text at count =
+    let rec try_edits best = function
+      | [] -> `Best best
+      | (edited, origin) :: rest -> (
+          match parse_status edited with
+          | Parses items -> `Parsed items
+          | Unplaced -> try_edits best rest
+          | Error_at q ->
+              let further = origin q in
+              let best =
+                match best with
+                | Some (_, _, b) when b >= further -> best
+                | _ when further > at -> Some (edited, q, further)
+                | _ -> best
+              in
+              try_edits best rest)
+    in
+    match try_edits None (edits text at) with
+    | `Parsed items -> Some (count, items)
+    | `Best (Some (edited, q, _)) when count < max_repairs -> search edited q (count + 1)
+    | `Best _ -> None
+  in
+  match parse_status text with Error_at at -> search text at 1 | Parses _ | Unplaced -> None
+
+(* (edits, independent type errors of the repaired text), (0, 0) when it cannot be repaired: then, and
+   on any failure here, the solution earns what a syntax error always earned. *)
+let repairs types code_src =
+  try
+    match repair code_src with
+    | None -> (0, 0)
+    | Some (count, items) ->
+        let _, _, _, env = Typemod.type_structure (Compmisc.initial_env ()) types in
+        let errors, _, _ = count_type_errors env items in
+        (count, errors)
+  with _ -> (0, 0)
 
 (* Compile first: most completions that get this far are whole; only a failure pays for counting. *)
 let check dir modname fname types_src code_src tests_src =
   Env.set_unit_name modname;
   let types = parse "problem.ml" types_src in
   match parse "solution.ml" code_src with
-  | exception exn -> failure 1 0 0 0 0 [] (message_of exn)
+  | exception exn -> failure ~repairs:(repairs types code_src) 1 0 0 0 0 [] (message_of exn)
   | code -> (
       let tests, total, lines = instrument_tests (parse "tests.ml" tests_src) in
       let definitions = List.length code in
       let snapshot = Btype.snapshot () in
       match compile_unit dir modname (seal @ types @ [ solution_functor code ] @ harness fname @ tests) with
-      | () -> reply (numbers [ 0; 0; definitions; definitions; 1; total ] @ [ line_list lines; "" ])
+      | () -> reply (numbers [ 0; 0; definitions; definitions; 1; total ] @ [ line_list lines; "" ] @ numbers [ 0; 0 ])
       | exception compile_error -> (
           Btype.backtrack snapshot;
           Typecore.reset_delayed_checks ();
@@ -235,7 +355,8 @@ let () =
           let code = really_input_string stdin (int_of_string n_code) in
           let tests = really_input_string stdin (int_of_string n_tests) in
           try check dir modname fname types code tests
-          with exn -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; ""; clean ("checker: " ^ snd (message_of exn)) ])
-      | _ -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; ""; "checker: bad request" ]
+          with exn ->
+            reply [ "0"; "0"; "0"; "0"; "0"; "0"; ""; clean ("checker: " ^ snd (message_of exn)); "0"; "0" ])
+      | _ -> reply [ "0"; "0"; "0"; "0"; "0"; "0"; ""; "checker: bad request"; "0"; "0" ]
     done
   with End_of_file -> ()
