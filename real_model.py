@@ -241,7 +241,7 @@ def convert(model: RealModel) -> None:
     from transformers import GenerationConfig
 
     partial = model.folder.with_name(model.folder.name + ".partial")
-    say(f"converting {model.gguf.name} into {model.folder.relative_to(ROOT)}/ (bf16 safetensors)")
+    say(f"converting {model.gguf.name} into {model.folder.name}/ (bf16 safetensors)")
     try:
         tokenizer = load_tokenizer(str(model.gguf))
         weights = load_causal_lm(str(model.gguf))
@@ -257,9 +257,8 @@ def convert(model: RealModel) -> None:
     partial.rename(model.folder)
 
 
-def prepare(size: str) -> Path:
-    """The converted folder of `size`, made if it is not there yet."""
-    model = MODELS[size]
+def prepare(model: RealModel) -> Path:
+    """The model's converted folder, made if it is not there yet."""
     if model.folder.is_dir():
         return model.folder
     started = time.monotonic()
@@ -277,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("size", nargs="?", default="0.5b", choices=sorted(MODELS), help="default 0.5b")
     args = parser.parse_args(argv)
-    return exit_status(lambda: print(prepare(args.size)))
+    return exit_status(lambda: print(prepare(MODELS[args.size])))
 
 
 if __name__ == "__main__":

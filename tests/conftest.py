@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 GPU_SKIP_REASON = "needs CUDA: torch sees no GPU (the gpu layer runs on a GPU box: docs/troubleshooting.md)"
+REAL_MODEL_SKIP_REASON = "needs the real Qwen2.5-Coder-0.5B: run `make real-model` (README.md, real models)"
+# What the real-model tests measured (stage shares, prompt lengths), printed after the run's summary.
+REAL_MODEL_FIGURES: list[str] = []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -33,7 +37,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The `gpu` layer is skipped, with one reason, where torch sees no CUDA device; torch is asked only when
-    such a test was collected."""
+    such a test was collected. The `real_model` tier is skipped, with one reason, where make real-model has
+    not converted the 0.5B."""
+    if not real_model_folder().is_dir():
+        for item in items:
+            if item.get_closest_marker("real_model"):
+                item.add_marker(pytest.mark.skip(reason=REAL_MODEL_SKIP_REASON))
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return
@@ -43,6 +52,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in gpu_tests:
         item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if REAL_MODEL_FIGURES:
+        terminalreporter.section("real model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M weights)")
+        for line in REAL_MODEL_FIGURES:
+            terminalreporter.write_line(line)
+
+
+def real_model_folder() -> Path:
+    """Where make real-model converts the 0.5B."""
+    from real_model import MODELS
+
+    return MODELS["0.5b"].folder
 
 
 @pytest.fixture(scope="session")
@@ -214,3 +237,24 @@ def run_python() -> Callable[..., subprocess.CompletedProcess]:
         )
 
     return run
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Reports
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The fenced code blocks of a markdown text as CommonMark closes them: a block that opens with N
+    backticks ends at the first line of N or more backticks and nothing else."""
+    blocks, fence, body = [], None, []
+    for line in markdown.splitlines():
+        if fence is None:
+            opened = re.match(r"^(`{3,})[^`]*$", line)
+            fence, body = (opened.group(1), []) if opened else (None, [])
+        elif set(line.strip()) == {"`"} and len(line.strip()) >= len(fence):
+            blocks.append("\n".join(body))
+            fence = None
+        else:
+            body.append(line)
+    assert fence is None, "a code block is left open"
+    return blocks

@@ -12,6 +12,7 @@ import matplotlib.image
 import pytest
 
 import analyze
+from conftest import code_blocks
 from rewards import STAGES
 from run_records import append_log_line, format_eval_line, format_log_line, write_header
 from settings import TrainConfig
@@ -275,23 +276,6 @@ def test_reward_logs_give_stages_errors_examples_and_the_gate_advice(tmp_path: P
     assert "look like OCaml but were gated" in markdown and "export MIN_NON_EMPTY_LINES=4" in markdown
     assert "**type_error** (p29)" in markdown
     assert (result.status, result.decision) == ("yellow", "adjust")
-
-
-def code_blocks(markdown: str) -> list[str]:
-    """The fenced code blocks of a markdown text as CommonMark closes them: a block that opens with N
-    backticks ends at the first line of N or more backticks and nothing else."""
-    blocks, fence, body = [], None, []
-    for line in markdown.splitlines():
-        if fence is None:
-            opened = re.match(r"^(`{3,})[^`]*$", line)
-            fence, body = (opened.group(1), []) if opened else (None, [])
-        elif set(line.strip()) == {"`"} and len(line.strip()) >= len(fence):
-            blocks.append("\n".join(body))
-            fence = None
-        else:
-            body.append(line)
-    assert fence is None, "a code block is left open"
-    return blocks
 
 
 def test_a_completions_own_fence_stays_inside_the_reports_example(tmp_path: Path) -> None:
