@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_rewards import PROBLEM, TESTS
+from test_rewards import PROBLEM, TESTS, fenced
 
 import envflags
 from ocaml_sandbox import Job, SandboxPool
-from rewards import END_MARKER, RewardConfig, score_batch
+from rewards import RewardConfig, score_batch
 
 CREDIT = RewardConfig(reward_syntax_credit=True)  # the default gate: every answer below has 8+ code lines
 OFF = RewardConfig()
@@ -126,12 +126,8 @@ TAILS = {
 }
 
 
-def answer(code: str) -> str:
-    return f"```ocaml\n{code}\n{END_MARKER}\n```"
-
-
 def scores(codes, cfg: RewardConfig = CREDIT, **item) -> list[dict]:
-    items = [{"problem": PROBLEM, "tests": TESTS, "completion": answer(code), **item} for code in codes]
+    items = [{"problem": PROBLEM, "tests": TESTS, "completion": fenced(code), **item} for code in codes]
     return score_batch(items, cfg)
 
 
