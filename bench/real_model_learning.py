@@ -1,0 +1,353 @@
+"""The learning bench: does a recipe make the real Qwen2.5-Coder-0.5B better at unseen OCaml? On the CPU.
+
+    .venv/bin/python bench/real_model_learning.py ARM [ARM ...]  # each arm end to end, in an hour on 2 cores
+    .venv/bin/python bench/real_model_learning.py --list          # the arms and the one lever each changes
+    .venv/bin/python bench/real_model_learning.py --table         # results.md and the plot from results.jsonl
+
+Needs `make real-model` (the 0.5B) and ../shared/multipl-e/humaneval-ml-even.jsonl. An arm is a set of
+train.py settings over the bench's shared shape (SHARED). One arm runs: the base model's two held-out
+evaluations (made once, then reused: the same problems, k, seed and sampling for every arm), train.py (its
+--sft warm start first where the arm has one), the trained adapter's two evaluations, evaluate.py's
+comparison of each with the base; then its row goes into results.jsonl and the table and the reward plot are
+made again.
+
+The held-out sets, never trained on: data/heldout.jsonl (48 problems x 4 samples, seed 0, the training prompt
+at temperature 0.9, up to 512 tokens) and MultiPL-E's even half (its own protocol, greedy, REPAIR_PROBLEMS=1).
+Every evaluation is scored by the default reward, whatever the arm trains with. Every figure comes from the
+Q4_K_M weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from evaluate import compare, comparison_markdown, read_rows, summarize  # noqa: E402
+from real_model import MODELS  # noqa: E402
+from rewards import STAGES  # noqa: E402
+
+MODEL = MODELS["0.5b"]
+RESULTS = ROOT / "bench" / "results" / "real_model"
+RUNS = ROOT / "grpo_runs" / "bench-real-model"
+MULTIPL_E_EVEN = ROOT.parent / "shared" / "multipl-e" / "humaneval-ml-even.jsonl"
+K = 4
+
+# What every arm shares (train.py's env variables), chosen so that an arm fits in an hour on 2 cores: one GRPO
+# step of the 0.5B there costs about 15 s a completion (sampling, then the update's forward and backward over
+# a 420-token prompt), and the trained adapter's two evaluations about 25 minutes. So 12 steps of 8
+# completions (2 prompts x 4), 256 tokens (the base model's completions: median 104 tokens, 93% under 256),
+# the default prompt (one worked example), no in-training evaluation (the bench evaluates after).
+SHARED = {
+    "GRPO_MODEL_ID": str(MODEL.folder),
+    "TRAINING_DATASET": "data/problems.jsonl",
+    "GRPO_MAX_STEPS": "12",
+    "GRPO_BATCH_SIZE": "2",
+    "GRPO_NUM_GENERATIONS": "4",
+    "GRPO_MAX_COMPLETION": "256",
+    "GRPO_EVAL_STEPS": "none",
+    "GRPO_REPORT_TO": "none",
+    "GRPO_SAVE_STEPS": "1000",
+    "GRPO_SEED": "42",
+}
+# The evaluations' sampling and reward: the defaults (256 tokens, as the arms), whatever the arm trains with.
+HELDOUT_EVAL = {"GRPO_TEMPERATURE": "0.9", "GRPO_MAX_COMPLETION": "256"}
+MULTIPL_E_EVAL = {"REPAIR_PROBLEMS": "1"}
+
+
+@dataclass(frozen=True)
+class Arm:
+    lever: str  # what the arm changes, for the table
+    settings: dict[str, str] = field(default_factory=dict)  # train.py's env variables over SHARED
+    sft: bool = False  # `train.py --sft` on the reference solutions first, then GRPO from its adapter
+
+
+ARMS = {
+    "control": Arm("the project's defaults (lr 5e-6, temperature 0.9, gate 8 lines)"),
+    "envrc": Arm(
+        "the seed's .envrc as shipped (temperature 1.1, 8 completions a prompt, lr 8e-6, 600 tokens)",
+        {
+            "GRPO_TEMPERATURE": "1.1",
+            "GRPO_NUM_GENERATIONS": "8",
+            "GRPO_BATCH_SIZE": "1",  # 8 completions a step, as every arm
+            "GRPO_LEARNING_RATE": "8e-6",
+            "GRPO_MAX_COMPLETION": "600",
+        },
+    ),
+    "lora-lr": Arm("a LoRA learning rate, 10x a full fine-tune's (5e-5)", {"GRPO_LEARNING_RATE": "5e-5"}),
+    "sft": Arm("SFT warm start on the reference solutions, then GRPO from its adapter", sft=True),
+    "curriculum": Arm("the curriculum weights (REWARD_CURRICULUM=1)", {"REWARD_CURRICULUM": "1"}),
+    "dynamic": Arm(
+        "dynamic sampling, one extra round a step at most (GRPO_DYNAMIC_SAMPLING=filter)",
+        {"GRPO_DYNAMIC_SAMPLING": "filter", "GRPO_DYNAMIC_MAX_ROUNDS": "1"},
+    ),
+    "gate-1": Arm("partial credit for short attempts (MIN_NON_EMPTY_LINES=1)", {"MIN_NON_EMPTY_LINES": "1"}),
+    "syntax-credit": Arm(
+        "credit for syntax errors a few edits from parsing (REWARD_SYNTAX_CREDIT=1)",
+        {"REWARD_SYNTAX_CREDIT": "1"},
+    ),
+    "temperature": Arm("a hotter sampler (temperature 1.1)", {"GRPO_TEMPERATURE": "1.1"}),
+    "group-8": Arm(
+        "bigger groups (8 completions of 1 prompt a step)",
+        {"GRPO_NUM_GENERATIONS": "8", "GRPO_BATCH_SIZE": "1"},
+    ),
+}
+
+
+def environment(settings: dict[str, str]) -> dict[str, str]:
+    """This process's environment without the project's settings (a shell's .envrc), plus `settings`."""
+    prefixes = ("GRPO_", "LORA_", "TRAINING_", "SFT_", "REWARD_", "MIN_NON_EMPTY", "OCAML_", "RUNAWAY_")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    return {**clean, **settings}
+
+
+def run(args: list[str], settings: dict[str, str], log: Path) -> None:
+    """A project script as a user runs it, its output appended to `log`; stops the bench when it fails."""
+    with log.open("a", encoding="utf-8") as out:
+        out.write(f"\n$ {' '.join(args)}\n")
+        out.flush()
+        done = subprocess.run(
+            [sys.executable, *args], cwd=ROOT, env=environment(settings), stdout=out, stderr=subprocess.STDOUT
+        )
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} exited {done.returncode}; see {log}")
+
+
+def evaluation(model: Path, name: str, into: Path, log: Path) -> Path:
+    """evaluate.py's rows for `model` on one held-out set (`heldout` or `multipl_e`): into/eval_NAME.jsonl."""
+    into.mkdir(parents=True, exist_ok=True)
+    scratch = into / f".{name}"
+    if name == "heldout":
+        args = ["evaluate.py", str(model), "-k", str(K), "--seed", "0", "--out-dir", str(scratch)]
+        settings = HELDOUT_EVAL
+    else:
+        args = ["evaluate.py", str(model), "--problems", str(MULTIPL_E_EVEN), "--protocol", "multipl-e"]
+        args += ["--greedy", "-k", "1", "--seed", "0", "--out-dir", str(scratch)]
+        settings = MULTIPL_E_EVAL
+    run(args, settings, log)
+    target = into / f"eval_{name}.jsonl"
+    (scratch / f"eval_{model.name}.jsonl").replace(target)
+    shutil.rmtree(scratch)
+    return target
+
+
+def base_evaluations(log: Path) -> dict[str, Path]:
+    """The base model's two evaluations, made once: every arm compares with the same ones."""
+    base = RESULTS / "base"
+    return {
+        name: (base / f"eval_{name}.jsonl")
+        if (base / f"eval_{name}.jsonl").is_file()
+        else evaluation(MODEL.folder, name, base, log)
+        for name in ("heldout", "multipl_e")
+    }
+
+
+def train(name: str, arm: Arm, log: Path) -> Path:
+    """The arm's run (its --sft warm start first where it has one); returns the run's folder."""
+    out = RUNS / name
+    shutil.rmtree(out, ignore_errors=True)
+    settings = {**SHARED, **arm.settings, "GRPO_OUTPUT_DIR": str(out)}
+    if arm.sft:
+        run(["train.py", "--sft"], settings, log)
+        settings["GRPO_INIT_ADAPTER"] = str(out / "sft" / "adapter")
+    run(["train.py"], settings, log)
+    return out
+
+
+def steps_of(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [r for r in rows if "loss" in r]
+
+
+def repository_path(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def comparison(base: Path, trained: Path, k: int) -> dict:
+    """Before and after on one held-out set: pass@1, pass@k, mean reward, stage shares, and the problems
+    that improved and regressed (evaluate.py --compare's reading)."""
+    before, after = read_rows(base), read_rows(trained)
+    summaries = summarize(before, k), summarize(after, k)
+    result = compare(before, after)
+    return {
+        **{
+            f"{key}_{when}": s[key]
+            for key in ("pass@1", f"pass@{k}", "mean_reward")
+            for when, s in zip(("before", "after"), summaries, strict=True)
+        },
+        "stages_before": summaries[0]["stages"],
+        "stages_after": summaries[1]["stages"],
+        "improved": [p["problem_id"] for p in result["improved"]],
+        "regressed": [p["problem_id"] for p in result["regressed"]],
+        "unchanged": result["unchanged"],
+    }
+
+
+def run_arm(name: str) -> dict:
+    arm = ARMS[name]
+    into = RESULTS / name
+    into.mkdir(parents=True, exist_ok=True)
+    RUNS.mkdir(parents=True, exist_ok=True)
+    log = RUNS / f"{name}.log"  # every command's output: progress, notes
+    log.write_text(f"arm {name}: {arm.lever}\n", encoding="utf-8")
+    base = base_evaluations(RUNS / "base.log")
+    started = time.monotonic()
+    out = train(name, arm, log)
+    trained = {n: evaluation(out / "adapter", n, into, log) for n in ("heldout", "multipl_e")}
+    minutes = (time.monotonic() - started) / 60
+    shutil.copy(out / "learning.log", into / "learning.log")
+    run(["analyze.py", str(out)], {}, log)  # the run report: what the health monitor saw
+    report = (out / "analysis.md").read_text(encoding="utf-8").splitlines()
+    kept = [line for line in report if not line.startswith("![analysis_")]  # its plots stay with the run
+    (into / "analysis.md").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    rewards = [s["reward"] for s in steps_of(out)]
+    row = {
+        "arm": name,
+        "lever": arm.lever,
+        "settings": {**SHARED, **arm.settings, **({"--sft": "1"} if arm.sft else {})},
+        "base_eval": repository_path(base["heldout"]),
+        "trained_eval": repository_path(trained["heldout"]),
+        "base_multipl_e": repository_path(base["multipl_e"]),
+        "trained_multipl_e": repository_path(trained["multipl_e"]),
+        "minutes": round(minutes, 1),
+        "steps": len(rewards),
+        "train_reward_first5": statistics.fmean(rewards[:5]),
+        "train_reward_last5": statistics.fmean(rewards[-5:]),
+        "rewards": rewards,
+        "mean_frac_zero_std": statistics.fmean(s["frac_reward_zero_std"] for s in steps_of(out)),
+        "heldout": comparison(base["heldout"], trained["heldout"], K),
+        "multipl_e": comparison(base["multipl_e"], trained["multipl_e"], 1),
+    }
+    rows = [r for r in read_results() if r["arm"] != name] + [row]
+    (RESULTS / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return row
+
+
+def read_results() -> list[dict]:
+    path = RESULTS / "results.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def points(before: float, after: float) -> str:
+    return f"{before:.1%} -> {after:.1%} ({100 * (after - before):+.1f})"
+
+
+def table(rows: list[dict]) -> str:
+    """results.md: one row per arm, then each arm's stage shares before and after."""
+    lines = [
+        "| arm | lever | train reward, first 5 -> last 5 steps | mean frac_zero_std | held-out pass@1 (k=4) "
+        "| held-out pass@4 | held-out mean reward | improved / regressed | MultiPL-E pass@1 (greedy) | "
+        "MultiPL-E improved / regressed | minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        h, m = r["heldout"], r["multipl_e"]
+        cells = [
+            r["arm"],
+            r["lever"],
+            f"{r['train_reward_first5']:.3f} -> {r['train_reward_last5']:.3f}",
+            f"{r['mean_frac_zero_std']:.2f}",
+            points(h["pass@1_before"], h["pass@1_after"]),
+            points(h[f"pass@{K}_before"], h[f"pass@{K}_after"]),
+            f"{h['mean_reward_before']:.3f} -> {h['mean_reward_after']:.3f}",
+            f"{len(h['improved'])} / {len(h['regressed'])}",
+            points(m["pass@1_before"], m["pass@1_after"]),
+            f"{len(m['improved'])} / {len(m['regressed'])}",
+            f"{r['minutes']:.0f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Held-out stage shares, base -> trained:", ""]
+    lines += ["| arm | " + " | ".join(STAGES) + " |", "|---|" + "---|" * len(STAGES)]
+    for r in rows:
+        h = r["heldout"]
+        shares = (f"{h['stages_before'][s]:.0%} -> {h['stages_after'][s]:.0%}" for s in STAGES)
+        lines.append(f"| {r['arm']} | " + " | ".join(shares) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict]) -> Path:
+    """Each arm's training reward per step (mean of the last 3 steps)."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for r in rows:
+        rewards = r["rewards"]
+        smooth = [statistics.fmean(rewards[max(0, i - 2) : i + 1]) for i in range(len(rewards))]
+        ax.plot(range(1, len(rewards) + 1), smooth, label=r["arm"])
+    ax.set(
+        title="Real Qwen2.5-Coder-0.5B (Q4_K_M weights): GRPO reward per step, mean of 3",
+        xlabel="GRPO step",
+        ylabel="training reward",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    path = RESULTS / "reward_per_step.png"
+    fig.savefig(path)
+    return path
+
+
+def write_comparisons(row: dict) -> None:
+    """RESULTS/ARM/comparison.md: evaluate.py --compare's per-problem reading of both held-out sets."""
+    parts = [f"# {row['arm']}: {row['lever']}"]
+    for title, base, trained in (
+        ("data/heldout.jsonl", row["base_eval"], row["trained_eval"]),
+        ("MultiPL-E's even half", row["base_multipl_e"], row["trained_multipl_e"]),
+    ):
+        result = compare(read_rows(ROOT / base), read_rows(ROOT / trained))
+        parts += [f"## {title}", comparison_markdown(result, base, trained)]
+    (RESULTS / row["arm"] / "comparison.md").write_text("\n\n".join(parts) + "\n", encoding="utf-8")
+
+
+def write_table() -> None:
+    rows = read_results()
+    (RESULTS / "results.md").write_text(table(rows), encoding="utf-8")
+    for row in rows:
+        write_comparisons(row)
+    if rows:
+        plot(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("arms", nargs="*", metavar="ARM", help=f"arms to run, in order: {', '.join(ARMS)}")
+    parser.add_argument("--list", action="store_true", help="print the arms and exit")
+    parser.add_argument("--table", action="store_true", help="write results.md and the plot, and exit")
+    args = parser.parse_args()
+    if args.list:
+        for name, arm in ARMS.items():
+            first = " (--sft first)" if arm.sft else ""
+            print(f"{name}: {arm.lever}; {arm.settings or 'the shared settings'}{first}")
+        return 0
+    if unknown := [name for name in args.arms if name not in ARMS]:
+        parser.error(f"no arm {', '.join(unknown)}; the arms: {', '.join(ARMS)}")
+    if not args.table:
+        if not MODEL.folder.is_dir() or not MULTIPL_E_EVEN.is_file():
+            parser.error(f"needs {MODEL.folder} (make real-model) and {MULTIPL_E_EVEN}")
+        for name in args.arms:
+            row = run_arm(name)
+            heldout = points(row["heldout"]["pass@1_before"], row["heldout"]["pass@1_after"])
+            print(f"{name}: held-out pass@1 {heldout} in {row['minutes']:.0f} min", flush=True)
+            write_table()
+    write_table()
+    print((RESULTS / "results.md").read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
