@@ -17,7 +17,7 @@ import math
 import re
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -346,9 +346,25 @@ def actions_section(bad: Sequence[Check], decision: str) -> list[str]:
     lines.append("```bash")
     for change, (titles, why) in advised.items():
         prefix = "" if change.startswith("python ") else "export "
+        if (smaller := smaller_change(change, advised)) != change:  # two issues pull one setting both ways
+            lines.append(f"# not {change} ({', '.join(titles)}): {smaller} first, the smaller step")
+            continue
         lines.append(f"{prefix}{change}  # {', '.join(titles)}: {why}")
     lines += ["```", ""]
     return lines
+
+
+def smaller_change(change: str, advised: Mapping[str, object]) -> str:
+    """Of the advised changes of the same setting (a low reward asks for a higher learning rate where
+    gradient spikes ask for a lower one), the one with the smaller value: stability before speed."""
+    name, _, value = change.partition("=")
+    rivals = [other for other in advised if other.partition("=")[0] == name and other != change]
+    if not value or not rivals:
+        return change
+    try:
+        return min([change, *rivals], key=lambda text: float(text.partition("=")[2]))
+    except ValueError:
+        return change
 
 
 def milestone_section(

@@ -160,12 +160,13 @@ def sample_continuations(
     end_ids = set(end_token_ids(model, tokenizer))
     sampled = protocol.temperature > 0
     # Every sampling value set here, none left to the model's generation_config (the hub's Qwen2.5 files
-    # ask for top-k 20 and a repetition penalty of 1.1).
+    # ask for top-k 20 and a repetition penalty of 1.1); greedy decoding gets the values that change nothing,
+    # which transformers does not warn about.
     sampling = GenerationConfig(
         do_sample=sampled,
-        temperature=protocol.temperature if sampled else None,
-        top_p=protocol.top_p if sampled else None,
-        top_k=0 if sampled else None,
+        temperature=protocol.temperature if sampled else 1.0,
+        top_p=protocol.top_p if sampled else 1.0,
+        top_k=0 if sampled else 50,
         repetition_penalty=1.0,
         max_new_tokens=protocol.max_new_tokens,
         eos_token_id=sorted(end_ids),

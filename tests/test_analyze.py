@@ -255,6 +255,18 @@ def test_advice_steps_from_the_runs_own_settings(tmp_path: Path) -> None:
     assert "export GRPO_TEMPERATURE=1.3" in markdown and "GRPO_TEMPERATURE=1.1" not in markdown
 
 
+def test_two_issues_that_pull_the_learning_rate_both_ways_get_the_smaller_step(tmp_path: Path) -> None:
+    # A real run's shape (the real 0.5B on the learning bench): a low reward asks for a higher rate while the
+    # gradient spikes ask for a lower one; one export of each setting, the stable one.
+    rows = metrics_rows(12, 0.48, reward=lambda e: 0.08, frac=lambda e: 0.0)
+    for row in rows:
+        row["grad_norm"] = 1.5
+    markdown = report(write_run(tmp_path, rows)).markdown
+    exports = [line for line in markdown.splitlines() if line.startswith("export GRPO_LEARNING_RATE=")]
+    assert exports == ["export GRPO_LEARNING_RATE=2.5e-6  # gradient spikes: smaller steps"]
+    assert "# not GRPO_LEARNING_RATE=8e-6 (low absolute reward): GRPO_LEARNING_RATE=2.5e-6 first" in markdown
+
+
 def test_reward_logs_give_stages_errors_examples_and_the_gate_advice(tmp_path: Path) -> None:
     folder = healthy(tmp_path)
     short = "let is_even n =\n  n mod 2 = 0\n(* END *)"
