@@ -146,7 +146,10 @@ class Check:
         return f"{self.metric}={_num(self.value)}"
 
     def warning_line(self, epoch: float, steps: int) -> HealthLine:
-        changes = " ".join(change for change, _ in self.advice)
+        # Env changes read as a shell prefix; a command to run comes after them, never among them.
+        settings = [change for change, _ in self.advice if not change.startswith("python ")]
+        commands = [f"run {change}" for change, _ in self.advice if change.startswith("python ")]
+        changes = ", then ".join(part for part in (" ".join(settings), *commands) if part)
         text = (
             f"WARNING [Epoch {epoch:.2f}] {self.headline()} over {self._over(steps)} "
             f"(expected {self.band}): {self.meaning}." + (f" Try {changes}" if changes else "")

@@ -243,6 +243,9 @@ def test_random_samples_point_at_the_base_model_not_a_hotter_sampler() -> None:
     changes = [change for c in checks.values() if c.ok is False for change, _ in c.advice]
     assert "python test_base_model.py" in changes and "GRPO_TEMPERATURE=0.8" in changes
     assert "GRPO_TEMPERATURE=1.1" not in changes
+    # The command comes after the settings, so that the line never reads as the script's arguments.
+    line = checks["frac_zero_std"].warning_line(0.1, 10).text
+    assert line.endswith("Try GRPO_NUM_GENERATIONS=8, then run python test_base_model.py")
 
 
 def evals(pass1, reward, epochs=(0.2, 0.4, 0.6, 0.8, 1.0)) -> list[dict]:
