@@ -12,7 +12,7 @@ comparison of each with the base; then its row goes into results.jsonl and the t
 made again.
 
 The held-out sets, never trained on: data/heldout.jsonl (48 problems x 4 samples, seed 0, the training prompt
-at temperature 0.9, up to 512 tokens) and MultiPL-E's even half (its own protocol, greedy, REPAIR_PROBLEMS=1).
+at temperature 0.9, up to 256 tokens) and MultiPL-E's even half (its own protocol, greedy, REPAIR_PROBLEMS=1).
 Every evaluation is scored by the default reward, whatever the arm trains with. Every figure comes from the
 Q4_K_M weights.
 """
@@ -65,9 +65,9 @@ SHARED = {
     "GRPO_SAVE_STEPS": "1000",
     "GRPO_SEED": "42",
 }
-# The evaluations' sampling and reward: the defaults (256 tokens, as the arms), whatever the arm trains with.
-HELDOUT_EVAL = {"GRPO_TEMPERATURE": "0.9", "GRPO_MAX_COMPLETION": "256"}
-MULTIPL_E_EVAL = {"REPAIR_PROBLEMS": "1"}
+# The held-out evaluation's sampling and reward: the defaults (at most 256 tokens in the arms, as they train),
+# whatever the arm trains with.
+HELDOUT_EVAL = {"GRPO_TEMPERATURE": "0.9"}
 
 
 @dataclass(frozen=True)
@@ -128,17 +128,19 @@ def run(args: list[str], settings: dict[str, str], log: Path) -> None:
         raise SystemExit(f"{' '.join(args)} exited {done.returncode}; see {log}")
 
 
-def evaluation(model: Path, name: str, into: Path, log: Path) -> Path:
-    """evaluate.py's rows for `model` on one held-out set (`heldout` or `multipl_e`): into/eval_NAME.jsonl."""
+def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256) -> Path:
+    """evaluate.py's rows for `model` on one held-out set, into/eval_NAME.jsonl:
+    `heldout` (the training prompt, `tokens` at most), `multipl_e` (MultiPL-E's protocol, greedy, repaired)
+    or `multipl_e_published` (the same unrepaired: the problems as MultiPL-E publishes them)."""
     into.mkdir(parents=True, exist_ok=True)
     scratch = into / f".{name}"
+    args = ["evaluate.py", str(model), "--seed", "0", "--out-dir", str(scratch)]
     if name == "heldout":
-        args = ["evaluate.py", str(model), "-k", str(K), "--seed", "0", "--out-dir", str(scratch)]
-        settings = HELDOUT_EVAL
+        args += ["-k", str(K)]
+        settings = {**HELDOUT_EVAL, "GRPO_MAX_COMPLETION": str(tokens)}
     else:
-        args = ["evaluate.py", str(model), "--problems", str(MULTIPL_E_EVEN), "--protocol", "multipl-e"]
-        args += ["--greedy", "-k", "1", "--seed", "0", "--out-dir", str(scratch)]
-        settings = MULTIPL_E_EVAL
+        args += ["--problems", str(MULTIPL_E_EVEN), "--protocol", "multipl-e", "--greedy", "-k", "1"]
+        settings = {"REPAIR_PROBLEMS": "0" if name.endswith("published") else "1"}
     run(args, settings, log)
     target = into / f"eval_{name}.jsonl"
     (scratch / f"eval_{model.name}.jsonl").replace(target)
@@ -147,13 +149,15 @@ def evaluation(model: Path, name: str, into: Path, log: Path) -> Path:
 
 
 def base_evaluations(log: Path) -> dict[str, Path]:
-    """The base model's two evaluations, made once: every arm compares with the same ones."""
-    base = RESULTS / "base"
+    """The base model's two evaluations, made once: every arm compares with the same ones. MultiPL-E's is
+    the baseline's (bench/real_model_baseline.py), whose protocol is the same."""
+    heldout = RESULTS / "base" / "eval_heldout.jsonl"
+    multipl_e = RESULTS / "baseline" / "0.5b" / "eval_multipl_e.jsonl"
     return {
-        name: (base / f"eval_{name}.jsonl")
-        if (base / f"eval_{name}.jsonl").is_file()
-        else evaluation(MODEL.folder, name, base, log)
-        for name in ("heldout", "multipl_e")
+        "heldout": heldout if heldout.is_file() else evaluation(MODEL.folder, "heldout", heldout.parent, log),
+        "multipl_e": multipl_e
+        if multipl_e.is_file()
+        else evaluation(MODEL.folder, "multipl_e", multipl_e.parent, log, tokens=512),
     }
 
 
