@@ -92,7 +92,8 @@ def test_sampler_is_exact_at_the_lora_sizes_of_the_first_steps(tiny_model: Path)
     """After 20 Adam steps at lr 5e-6 the LoRA's deltas are below half a bf16 step of most weights. In float32
     arithmetic over bf16 weight values the only rounding left is a fold's, so the sampler must reproduce the
     trainer's forward to float32 noise; folding the deltas into the bf16 weights (the sampler's old way,
-    bench/sampler_exactness.py) loses 29% of the LoRA's effect on these prompts (63% at the real model's width)."""
+    bench/sampler_exactness.py) loses 29% of the LoRA's effect on these prompts (63% at the real model's
+    width)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).float()  # bf16 values
     torch.manual_seed(0)  # lora_A's draw
