@@ -680,3 +680,36 @@ class HealthMonitor(TrainerCallback):
                     self.bad[check.name] = False
                     lines.append(check.ok_line(epoch, steps))
         return lines
+
+
+class SkipNonFiniteUpdates(TrainerCallback):
+    """Drops an optimizer step whose gradient holds a nan or an inf, and says so in learning.log.
+
+    The one failure a warning cannot wait for: clipping a non-finite gradient makes every gradient nan, the
+    optimizer writes nan into every trained weight, and the next sampling stops the run (CUDA: "probability
+    tensor contains either inf, nan or element < 0"). Without its gradients the optimizer leaves the weights
+    and its state as they were, as a mixed-precision loss scaler does on an overflow; the schedule goes on.
+    After an all-reduce every process holds the same gradients, so all of them skip together."""
+
+    def __init__(self, write_line: Callable[[str], None]) -> None:
+        self.write_line = write_line
+        self.skipped = 0
+
+    def on_pre_optimizer_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model=None, **kwargs
+    ) -> None:
+        import torch
+
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
+            return
+        for parameter in model.parameters():
+            parameter.grad = None
+        self.skipped += 1
+        if state.is_world_process_zero:
+            self.write_line(
+                f"WARNING [Epoch {state.epoch or 0.0:.2f}] step {state.global_step + 1}: the gradient is not "
+                f"finite (nan or inf), so this update was skipped and the weights are unchanged "
+                f"({self.skipped} skipped so far). If it repeats, "
+                f"try GRPO_LEARNING_RATE={args.learning_rate / 2:.2g}"
+            )

@@ -220,7 +220,7 @@ def train(
 
     import generation
     from dynamic_sampling import DynamicSamplingTrainer, describe
-    from monitor import HealthMonitor
+    from monitor import HealthMonitor, SkipNonFiniteUpdates
 
     quiet_libraries()
     # GRPOConfig sets up the distributed state, so it comes before anything that asks for the main process.
@@ -311,6 +311,7 @@ def train(
             alert=board.alert if board else None,
         )
         trainer.add_callback(health)
+        trainer.add_callback(SkipNonFiniteUpdates(write_line))
         if held_out:
 
             def record(row: dict) -> None:

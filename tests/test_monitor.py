@@ -464,3 +464,39 @@ def test_a_resumed_grpo_run_gives_the_monitor_each_step_once(tmp_path: Path, tin
         i for i, line in enumerate(second_run) if line.startswith("WARNING") and "frac_zero_std=1 " in line
     )
     assert again < second_run.index("step 6")
+
+
+@pytest.mark.parametrize("poison", [math.nan, math.inf])
+def test_a_non_finite_gradient_skips_its_update_and_says_so(poison: float, tmp_path: Path) -> None:
+    """A step whose gradient holds a nan or inf leaves the weights and AdamW's state as they were (on a GPU
+    it otherwise made every weight nan and the next sampling stopped the demo); a finite one goes through."""
+    import torch
+    from transformers import TrainingArguments
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    args = TrainingArguments(output_dir=str(tmp_path), learning_rate=3e-3, report_to="none")
+    state, lines = TrainerState(epoch=0.5, global_step=7), []
+    guard = monitor.SkipNonFiniteUpdates(lines.append)
+
+    def step(poisoned: bool) -> None:
+        model(torch.ones(2, 4)).sum().backward()
+        if poisoned:
+            model[0].weight.grad[0, 0] = poison
+        guard.on_pre_optimizer_step(args, state, TrainerControl(), model=model)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    before = [p.detach().clone() for p in model.parameters()]
+    step(poisoned=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not optimizer.state  # AdamW saw no gradient: no moments, no step count
+    assert lines == [
+        "WARNING [Epoch 0.50] step 8: the gradient is not finite (nan or inf), so this update was skipped "
+        "and the weights are unchanged (1 skipped so far). If it repeats, try GRPO_LEARNING_RATE=0.0015"
+    ]
+    step(poisoned=False)
+    after = list(model.parameters())
+    assert all(torch.isfinite(p).all() and not torch.equal(a, p) for a, p in zip(before, after, strict=True))
+    assert len(lines) == 1
