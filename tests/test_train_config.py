@@ -239,7 +239,8 @@ def test_config_table_flag_prints_the_table() -> None:
     assert result.returncode == 0 and result.stdout == envflags.markdown_table(TrainConfig) + "\n"
 
 
-def test_envrc_holds_the_seeds_recommendations() -> None:
+def test_envrc_holds_the_seeds_recommendations_with_the_real_models_learning_rate() -> None:
+    """The seed's fixes, but a LoRA's learning rate: the real 0.5B's learning bench (docs/real-model.md)."""
     result = subprocess.run(
         ["bash", "-c", f"source .envrc && exec {sys.executable} train.py --print-config"],
         cwd=ROOT,
@@ -253,7 +254,7 @@ def test_envrc_holds_the_seeds_recommendations() -> None:
     expected = {
         "temperature": 1.1,
         "num_generations": 8,
-        "learning_rate": 8e-6,
+        "learning_rate": 5e-5,
         "max_completion_length": 600,
         "max_prompt_length": 704,
     }
