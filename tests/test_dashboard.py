@@ -127,8 +127,7 @@ def test_a_run_is_watched_in_the_dashboard_in_a_real_browser(tiny_model: Path, t
     finally:
         server.send_signal(signal.SIGINT)  # Ctrl-C
         try:
-            # Generous: on a 2-core box busy with other runs, gradio's shutdown took over 30 s once.
-            rest, _ = server.communicate(timeout=120)
+            rest, _ = server.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()  # never leave a server behind; the assert below then fails
             rest, _ = server.communicate()
