@@ -134,8 +134,11 @@ def check_reward(cfg: TrainConfig) -> str:
 # Data
 
 
-def check_dataset(cfg: TrainConfig, env: str, source: str, tokenizer, rows_needed: int) -> str:
-    """Usable problems of one dataset, what was dropped and why, and prompts too long for GRPO_MAX_PROMPT."""
+def check_dataset(
+    cfg: TrainConfig, env: str, source: str, tokenizer, rows_needed: int, *, to_train: bool = True
+) -> str:
+    """Usable problems of one dataset, what was dropped and why, and prompts too long for GRPO_MAX_PROMPT;
+    data to train on is refused where its licence forbids it (MultiPL-E)."""
     from problem_check import leave_out_broken
     from problems import load_problems
     from prompts import fitting_prompts
@@ -143,7 +146,7 @@ def check_dataset(cfg: TrainConfig, env: str, source: str, tokenizer, rows_neede
 
     dropped: list[str] = []
     try:
-        problems = load_problems(source, warn=dropped.append, setting_name=env)
+        problems = load_problems(source, warn=dropped.append, setting_name=env, to_train=to_train)
     except ConfigError as err:
         raise Failed(str(err)) from None
     notes: list[str] = []
@@ -414,7 +417,10 @@ def checks(
         from problems import bundled_path
 
         source = bundled_path(cfg.eval_dataset)
-        yield "held-out data", lambda: check_dataset(cfg, "GRPO_EVAL_DATASET", source, tokenizer, 1)
+        yield (
+            "held-out data",
+            lambda: check_dataset(cfg, "GRPO_EVAL_DATASET", source, tokenizer, 1, to_train=False),
+        )
     yield "device", check_device
     yield "model", lambda: check_model(cfg, sources)
     yield "sampler", lambda: check_sampler(cfg)

@@ -140,6 +140,29 @@ def usable_problems(
 
 DATASET_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
+# MultiPL-E and MultiPL-T are licensed "BSD 3-Clause License with Machine Learning Restriction" (the
+# repositories' LICENSE files; the hub's dataset card says MIT, the licence file binds): evaluation only.
+EVALUATION_ONLY_HUB = re.compile(r"^nuprl/multipl-[et]\b", re.IGNORECASE)
+BENCHMARK_NAME = re.compile(r"^(?:HumanEval|mbpp)_\d+_")  # MultiPL-E's problem names, as its rows hold them
+MULTIPL_E_COLUMNS = frozenset({"language", "stop_tokens"})  # its native columns that ours never have
+
+
+class EvaluationOnlyData(ConfigError):
+    """Training or SFT asked for data whose licence forbids training on it."""
+
+    def __init__(self, setting_name: str, source: str):
+        super().__init__(
+            f"{setting_name}={source!r} is MultiPL-E data, which is for evaluation only: clause 4 of its "
+            "licence (BSD 3-Clause with Machine Learning Restriction) says its contents may not be used as "
+            "training data for any machine learning model; evaluate on it with "
+            f"`evaluate.py MODEL --problems {source} --protocol multipl-e`"
+        )
+
+
+def is_evaluation_only(columns: Iterable[str], names: Iterable[object]) -> bool:
+    """Rows in MultiPL-E's native columns, or named as its problems are (our solutions to them included)."""
+    return set(columns) >= MULTIPL_E_COLUMNS or any(BENCHMARK_NAME.match(str(name)) for name in names)
+
 
 def load_problems(
     source: str,
@@ -147,11 +170,15 @@ def load_problems(
     *,
     for_sft: bool = False,
     setting_name: str = "TRAINING_DATASET",
+    to_train: bool = False,
 ) -> list[dict]:
     """Rows {id, problem, tests, solution, difficulty} from a hub id or a local file or folder; malformed
     rows reported, skipped. `solution` is None and `difficulty` "unknown" where a row has none; `for_sft`
     needs a solution and no tests. Line breaks are read as the scoring CLI reads them (a CSV export's
-    `\\n`). An error names `setting_name`, where the source came from."""
+    `\\n`). An error names `setting_name`, where the source came from. With `to_train` (GRPO and SFT data),
+    MultiPL-E's data is refused before anything is downloaded or trained: EvaluationOnlyData."""
+    if to_train and EVALUATION_ONLY_HUB.match(source):
+        raise EvaluationOnlyData(setting_name, source)
     import datasets
 
     datasets.disable_progress_bars()
@@ -175,7 +202,9 @@ def load_problems(
         raise ConfigError(
             f"{setting_name}={source!r}: cannot load it ({type(cause).__name__}: {cause})"
         ) from None
-
+    names = rows["name"] if "name" in rows.column_names else ()
+    if to_train and is_evaluation_only(rows.column_names, names):
+        raise EvaluationOnlyData(setting_name, source)
     return usable_problems(rows, warn, for_sft=for_sft)
 
 

@@ -241,7 +241,7 @@ def train(
     if tracking:
         note(tracking)
 
-    problems = load_problems(cfg.training_dataset, warn=note)
+    problems = load_problems(cfg.training_dataset, warn=note, to_train=True)
     # The main process checks the training and held-out problems first; the others read its cached verdicts.
     with args.main_process_first(desc="problem check"):
         problems, _ = leave_out_broken(problems, cfg, reference_program, note, what="TRAINING_DATASET")
@@ -359,6 +359,11 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
 
     import generation
 
+    # The data first: what cannot be trained on is refused before the model's config is read.
+    source = cfg.sft_dataset or cfg.training_dataset
+    setting_name = "SFT_DATASET" if cfg.sft_dataset else "TRAINING_DATASET"
+    problems = load_problems(source, warn=note, for_sft=True, setting_name=setting_name, to_train=True)
+    problems, _ = leave_out_broken(problems, cfg, reference_program, note, solutions=False, what=setting_name)
     tokens = cfg.sft_batch_size * (cfg.max_prompt_length + cfg.max_completion_length)
     checkpointing, _ = generation.gradient_checkpointing(
         cfg.gradient_checkpointing,
@@ -385,10 +390,6 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
         ddp_find_unused_parameters=False,
         model_init_kwargs=None if is_gguf(cfg.model_id) else {"dtype": "auto"},
     )
-    source = cfg.sft_dataset or cfg.training_dataset
-    setting_name = "SFT_DATASET" if cfg.sft_dataset else "TRAINING_DATASET"
-    problems = load_problems(source, warn=note, for_sft=True, setting_name=setting_name)
-    problems, _ = leave_out_broken(problems, cfg, reference_program, note, solutions=False, what=setting_name)
     tokenizer = load_tokenizer(cfg.model_id, "GRPO_MODEL_ID")
     return SFTTrainer(
         model=load_causal_lm(cfg.model_id) if is_gguf(cfg.model_id) else cfg.model_id,

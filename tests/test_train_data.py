@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import datasets
@@ -216,3 +217,38 @@ def test_the_model_card_is_written_from_metrics_with_a_torn_last_line(tmp_path: 
     # A run killed mid-write, then resumed: its next save writes the card from what was logged.
     card = model_card(cfg, {"output_dir": "flag"}, metrics, tmp_path / "adapter")
     assert "## Last metrics (step 1, " in card and "| mean reward | 0.25 |" in card
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--training-dataset", "tests/fixtures/multipl_e_humaneval_ml.jsonl"],  # MultiPL-E's native columns
+        ["--training-dataset", "nuprl/MultiPL-E:humaneval-ml"],  # its hub id: refused before any download
+        ["--sft", "--sft-dataset", "data/multipl_e_solutions.jsonl"],  # our answers to its problems
+        ["--check", "--training-dataset", "nuprl/MultiPL-T"],
+    ],
+    ids=["file", "hub-id", "sft", "check"],
+)
+def test_multipl_e_is_refused_as_training_data_before_any_model_loads(flags, run_python, tmp_path) -> None:
+    # A hub id, unreachable here: reaching the tokenizer or the model would fail with another message.
+    argv = ["train.py", *flags, "--model-id", "Qwen/not-a-model", "--output-dir", str(tmp_path / "run")]
+    run = run_python(*argv, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # no retries
+    assert run.returncode != 0
+    lines = [line for line in (run.stdout + run.stderr).splitlines() if "MultiPL-E data" in line]
+    assert lines, run.stdout + run.stderr
+    assert "clause 4" in lines[0] and "Machine Learning Restriction" in lines[0]
+    assert "--protocol multipl-e" in lines[0]
+    if "--check" in flags:  # the preflight goes on to its other checks, the training data's line says it
+        assert lines[0].startswith("FAIL  training data")
+    else:
+        assert "Qwen/not-a-model" not in run.stdout + run.stderr
+
+
+def test_multipl_e_files_still_load_for_evaluation() -> None:
+    problems = load_problems(str(FIXTURES / "multipl_e_humaneval_ml.jsonl"), setting_name="--problems")
+    assert [p["id"] for p in problems][:1] == ["HumanEval_0_larger"]
+    with pytest.raises(ConfigError, match="clause 4"):
+        load_problems(str(FIXTURES / "multipl_e_humaneval_ml.jsonl"), to_train=True)
