@@ -30,6 +30,9 @@ IDENT = r"[a-z_][A-Za-z0-9_']*"
 # any other, and REPAIR_PROBLEMS=1 can repair it (multipl_e.py).
 FUNCTION = r"[A-Za-z_][A-Za-z0-9_']*"
 TYPE_NAME = re.compile(rf"^(?:type|and)\s+(?:nonrec\s+)?(?:'\w+\s+|\([^)]*\)\s+)?({IDENT})", re.M)
+# A prompt's own exceptions count as its types: a completion that restates one would define a second
+# exception of the same name, which the tests' handlers do not catch.
+EXCEPTION_NAME = re.compile(r"^exception\s+([A-Z][A-Za-z0-9_']*)", re.M)
 ESCAPED_LINE_BREAK = re.compile(r"\\\\|\\n")
 
 
@@ -38,7 +41,7 @@ class Problem:
     types: str  # everything before the signature: doc comment, type definitions
     signature: str  # `let [rec] f (x : t) ... : r =`
     function: str
-    type_names: frozenset[str]
+    type_names: frozenset[str]  # its type definitions' names and its exceptions'
 
 
 def parse_problem(text: str) -> Problem:
@@ -48,7 +51,8 @@ def parse_problem(text: str) -> Problem:
         raise ValueError("the problem has no signature line `let f ... =`")
     match = signatures[-1]
     types = text[: match.start()]
-    return Problem(types, text[match.start() :].strip(), match.group(2), frozenset(TYPE_NAME.findall(types)))
+    names = frozenset(TYPE_NAME.findall(types) + EXCEPTION_NAME.findall(types))
+    return Problem(types, text[match.start() :].strip(), match.group(2), names)
 
 
 def unescape_line_breaks(text: str) -> str:

@@ -38,7 +38,7 @@ from envflags import ConfigError, setting
 from multipl_e import repair_problems
 from ocaml_sandbox import Job, Limits, Outcome, SandboxPool, first_failure
 from problem_check import check_source
-from problems import TYPE_NAME, Problem, load_rows, parse_problem, usable_problems
+from problems import EXCEPTION_NAME, TYPE_NAME, Problem, load_rows, parse_problem, usable_problems
 
 END_MARKER = "(* END *)"
 STAGES = (
@@ -278,15 +278,16 @@ def _is_prose(line: str) -> bool:
 
 
 def _drop_repeated_types(code: str, type_names: frozenset[str]) -> str:
-    """Remove top-level type definitions that only restate the problem's (the problem's are kept)."""
+    """Remove top-level type and exception definitions that only restate the problem's (the problem's are
+    kept)."""
     starts = [m.start() for m in TOP_LEVEL.finditer(code)]
     if not starts:
         return code
     kept = [code[: starts[0]]]
     for start, end in zip(starts, [*starts[1:], len(code)], strict=True):
         chunk = code[start:end]
-        names = set(TYPE_NAME.findall(chunk))
-        if not (chunk.startswith("type") and names and names <= type_names):
+        names = set(TYPE_NAME.findall(chunk) + EXCEPTION_NAME.findall(chunk))
+        if not (chunk.startswith(("type", "exception")) and names and names <= type_names):
             kept.append(chunk)
     return "".join(kept)
 

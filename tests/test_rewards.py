@@ -409,8 +409,15 @@ def escaped(text: str) -> str:
     return text.replace("\n", "\\n")
 
 
+def unambiguous(problems: list[dict]) -> list[dict]:
+    """The problems an export with escaped line breaks can represent: a field that already holds the two
+    characters `\\n` (OCaml's own escape, as in hex_encode's tests) reads back as a line break."""
+    return [p for p in problems if not any("\\n" in p[key] for key in ("prompt", "tests", "solution"))]
+
+
 def test_escaped_line_breaks_read_back_exactly():
-    fields = [p[key] for p in PROBLEMS + HELDOUT for key in ("prompt", "tests", "solution")]
+    fields = [p[key] for p in unambiguous(PROBLEMS + HELDOUT) for key in ("prompt", "tests", "solution")]
+    assert len(fields) >= 3 * 300
     assert [unescape_line_breaks(escaped(text)) for text in fields] == fields
     # An OCaml `\\` stays a pair, and a text with a real line break is left as it is.
     assert unescape_line_breaks(r'print_string "a\\n";\nexit 0') == 'print_string "a\\\\n";\nexit 0'
@@ -421,7 +428,9 @@ def write_escaped_csv(path: Path, extra_rows: list[dict]) -> Path:
     """The bundled problems with escaped line breaks, and extra_rows after the third."""
     import csv
 
-    rows = [{key: escaped(p[key]) for key in ("id", "prompt", "tests", "solution")} for p in PROBLEMS]
+    rows = [
+        {key: escaped(p[key]) for key in ("id", "prompt", "tests", "solution")} for p in unambiguous(PROBLEMS)
+    ]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["id", "prompt", "tests", "solution"])
         writer.writeheader()
@@ -437,7 +446,7 @@ def test_both_loaders_read_escaped_csv_as_the_original(tmp_path, capsys):
     warnings: list[str] = []
     loaded = load_problems(str(source), warn=warnings.append)
     assert [(p["id"], p["problem"], p["tests"], p["solution"]) for p in loaded] == [
-        (p["id"], p["prompt"], p["tests"], p["solution"]) for p in PROBLEMS
+        (p["id"], p["prompt"], p["tests"], p["solution"]) for p in unambiguous(PROBLEMS)
     ]
     assert warnings == ["skipped problem no_tests: no tests"]
     assert rewards.problems_by_id(source) == {p["id"]: (p["problem"], p["tests"]) for p in loaded}
@@ -453,7 +462,10 @@ def test_cli_scores_escaped_problems_and_names_malformed_rows(tmp_path):
     ]
     problems = write_escaped_csv(tmp_path / "problems.csv", bad_rows)
     completions = tmp_path / "completions.jsonl"
-    rows = [{"problem_id": p["id"], "completion": shapes(p)["signature with plain let"]} for p in PROBLEMS]
+    rows = [
+        {"problem_id": p["id"], "completion": shapes(p)["signature with plain let"]}
+        for p in unambiguous(PROBLEMS)
+    ]
     rows.insert(1, {"problem_id": "no_tests", "completion": f"  List.fold_left ( + ) 0 xs\n{END_MARKER}"})
     completions.write_text("".join(json.dumps(r) + "\n" for r in rows))
     done = score_without_gate(problems, completions)
@@ -467,7 +479,7 @@ def test_cli_scores_escaped_problems_and_names_malformed_rows(tmp_path):
     printed = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["problem_id"] for r in printed] == [r["problem_id"] for r in rows]
     assert (printed[1]["total"], printed[1]["stage"]) == (0.0, "gated")
-    assert [r["total"] for r in printed[:1] + printed[2:]] == [1.0] * len(PROBLEMS)
+    assert [r["total"] for r in printed[:1] + printed[2:]] == [1.0] * len(unambiguous(PROBLEMS))
 
 
 def test_problem_files_name_what_is_wrong(tmp_path, run_python):
