@@ -105,7 +105,14 @@ def _count(value: Any) -> str:
 
 
 def format_sft_line(logs: Mapping[str, Any]) -> str:
-    """One sft/learning.log line: the loss and token accuracy on the answer tokens."""
+    """One sft/learning.log line: the loss and token accuracy on the answer tokens, of a training step or of
+    the validation split (SFT_VALIDATION) after an epoch."""
+    if "eval_loss" in logs:
+        return (
+            f"[SFT Validation Epoch {figure(logs.get('epoch'), '.2f')}]  "
+            f"loss={figure(logs['eval_loss'], '.4f')}  "
+            f"token_acc={figure(logs.get('eval_mean_token_accuracy'), '.3f')}"
+        )
     return (
         f"[SFT Epoch {figure(logs.get('epoch'), '.2f')}]  loss={figure(logs.get('loss'), '.4f')}  "
         f"token_acc={figure(logs.get('mean_token_accuracy'), '.3f')}  "
@@ -143,7 +150,7 @@ def use_step_lines(
             if not state.is_world_process_zero or not logs:
                 return
             append_log_line(metrics_path, json.dumps({"step": state.global_step, **logs}))
-            if "loss" in logs:
+            if "loss" in logs or "eval_loss" in logs:
                 text = line(logs)
                 append_log_line(log_path, text)
                 every = max(1, state.max_steps // console_lines) if console_lines else 1

@@ -260,6 +260,14 @@ class TrainConfig(RewardConfig):
         strict_low=True,
     )
     sft_batch_size: int = setting(4, "SFT_BATCH_SIZE", "--sft: problems per device per optimizer step", low=1)
+    sft_validation: int = setting(
+        0,
+        "SFT_VALIDATION",
+        "--sft: problems of the SFT data (picked by GRPO_SEED) kept out of training as a validation split; "
+        "their answers' loss is measured after each epoch and the epoch with the lowest is kept; 0 = none, "
+        "the last epoch",
+        low=0,
+    )
     sft_all_weights: bool = setting(
         False,
         "SFT_ALL_WEIGHTS",

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -351,6 +352,19 @@ def merge_adapter(model_id: str, adapter_dir: Path, out_dir: Path) -> None:
     AutoTokenizer.from_pretrained(adapter_dir).save_pretrained(out_dir)
 
 
+def sft_validation_split(
+    problems: list[dict], cfg: TrainConfig, note: Callable[[str], None]
+) -> tuple[list[dict], list[dict]]:
+    """(problems to train on, SFT_VALIDATION problems kept out to choose the epoch), drawn by GRPO_SEED."""
+    if not cfg.sft_validation:
+        return problems, []
+    if cfg.sft_validation >= len(problems):
+        raise ConfigError(f"SFT_VALIDATION={cfg.sft_validation}: the SFT data has {len(problems)} problems")
+    shuffled = random.Random(cfg.seed).sample(problems, len(problems))
+    note(f"sft: {cfg.sft_validation} of {len(problems)} problems kept out as the validation split")
+    return shuffled[cfg.sft_validation :], shuffled[: cfg.sft_validation]
+
+
 def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
     """TRL's SFTTrainer on GRPO's chat prompt and the reference answers, with the loss on the answer tokens
     only (TRL's completion-only loss for prompt-completion rows), writing into GRPO_OUTPUT_DIR/sft/."""
@@ -364,6 +378,7 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
     setting_name = "SFT_DATASET" if cfg.sft_dataset else "TRAINING_DATASET"
     problems = load_problems(source, warn=note, for_sft=True, setting_name=setting_name, to_train=True)
     problems, _ = leave_out_broken(problems, cfg, reference_program, note, solutions=False, what=setting_name)
+    problems, validation = sft_validation_split(problems, cfg, note)
     tokens = cfg.sft_batch_size * (cfg.max_prompt_length + cfg.max_completion_length)
     checkpointing, _ = generation.gradient_checkpointing(
         cfg.gradient_checkpointing,
@@ -381,7 +396,12 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
         max_length=cfg.max_prompt_length + cfg.max_completion_length,
         completion_only_loss=True,
         logging_steps=cfg.logging_steps,
-        save_strategy="no",
+        # With a validation split every epoch is evaluated and saved, and the best one is loaded at the end.
+        eval_strategy="epoch" if validation else "no",
+        save_strategy="epoch" if validation else "no",
+        load_best_model_at_end=bool(validation),
+        metric_for_best_model="eval_loss",
+        per_device_eval_batch_size=cfg.sft_batch_size,
         report_to=cfg.report_to,
         seed=cfg.seed,
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
@@ -395,6 +415,7 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
         model=load_causal_lm(cfg.model_id) if is_gguf(cfg.model_id) else cfg.model_id,
         args=args,
         train_dataset=build_sft_dataset(problems, tokenizer, cfg, note),
+        eval_dataset=build_sft_dataset(validation, tokenizer, cfg, note) if validation else None,
         processing_class=tokenizer,
         peft_config=None if cfg.sft_all_weights else lora_config(cfg),
     )
