@@ -9,7 +9,9 @@ Three evaluations a model, each made once and kept in bench/results/real_model/b
   at their defaults (temperature 0.9, up to 512 tokens);
 - eval_multipl_e.jsonl: MultiPL-E's even half of HumanEval-OCaml with MultiPL-E's own protocol, greedy, with
   REPAIR_PROBLEMS=1 (the problems whose tests still cannot pass are left out, and counted);
-- eval_multipl_e_published.jsonl: the same on the problems as MultiPL-E publishes them (no repairs).
+- eval_multipl_e_published.jsonl: the same on the problems as MultiPL-E publishes them (no repairs);
+- eval_training.jsonl: a fixed sample of the training set, data/problems.jsonl (40 problems drawn by seed 0),
+  made as eval_heldout.jsonl is: how hard the set is for the models it is meant for.
 
 MultiPL-E's own harness counts a problem whose tests cannot pass as a failure; the table gives that figure
 beside the one over the usable problems. Every figure comes from the Q4_K_M weights, dequantized.
@@ -26,13 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.real_model_learning import MULTIPL_E_EVEN, RESULTS, K, evaluation  # noqa: E402
+from bench.real_model_learning import MULTIPL_E_EVEN, RESULTS, TRAINING_SAMPLE, K, evaluation  # noqa: E402
 from evaluate import read_rows, summarize  # noqa: E402
 from real_model import MODELS  # noqa: E402
 from rewards import STAGES  # noqa: E402
 
 BASELINE = RESULTS / "baseline"
-NAMES = ("heldout", "multipl_e", "multipl_e_published")
+NAMES = ("heldout", "multipl_e", "multipl_e_published", "training")
 
 
 def evaluate_missing(size: str) -> None:
@@ -67,6 +69,15 @@ def heldout_row(label: str, rows: list[dict]) -> str:
     return "| " + " | ".join(cells + [f"{s['stages'][stage]:.0%}" for stage in STAGES]) + " |"
 
 
+def training_row(label: str, rows: list[dict]) -> str:
+    """pass@1 and pass@K, the shares of problems solved at least once in K and never, the mean reward."""
+    s = summarize(rows, K)
+    solved = s[f"pass@{K}"]  # with K samples a problem, pass@K is the share solved at least once
+    cells = [label, f"{s['pass@1']:.1%}", f"{solved:.1%}", f"{1 - solved:.1%}", f"{s['mean_reward']:.3f}"]
+    by_difficulty = " / ".join(f"{s['difficulty'][d][f'pass@{K}']:.0%}" for d in ("easy", "medium", "hard"))
+    return "| " + " | ".join([*cells, by_difficulty]) + " |"
+
+
 def table() -> str:
     """baseline.md: each model's held-out figures and stage shares, its MultiPL-E figures, the minutes."""
     total = sum(1 for line in MULTIPL_E_EVEN.read_text(encoding="utf-8").splitlines() if line.strip())
@@ -75,6 +86,11 @@ def table() -> str:
         "|---|---|---|---|---|" + "---|" * len(STAGES),
     ]
     multipl_e = ["| model | repaired (REPAIR_PROBLEMS=1) | as published |", "|---|---|---|"]
+    training = [
+        f"| model | pass@1 | pass@{K} (solved at least once) | never solved | mean reward "
+        f"| pass@{K} easy / medium / hard |",
+        "|---|---|---|---|---|---|",
+    ]
     minutes = ["| model | " + " | ".join(NAMES) + " |", "|---|" + "---|" * len(NAMES)]
     for size in MODELS:
         files = {name: BASELINE / size / f"eval_{name}.jsonl" for name in NAMES}
@@ -84,6 +100,8 @@ def table() -> str:
         if files["multipl_e"].is_file() and files["multipl_e_published"].is_file():
             cells = [multipl_e_cell(read_rows(files[name]), total) for name in NAMES[1:]]
             multipl_e.append(f"| {label} | " + " | ".join(cells) + " |")
+        if files["training"].is_file():
+            training.append(training_row(label, read_rows(files["training"])))
         timing = BASELINE / size / "minutes.json"
         taken = json.loads(timing.read_text()) if timing.is_file() else {}
         minutes.append(f"| {label} | " + " | ".join(str(taken.get(n, "not measured")) for n in NAMES) + " |")
@@ -94,6 +112,9 @@ def table() -> str:
         f"MultiPL-E's HumanEval-OCaml, even half ({total} problems), its own protocol, greedy pass@1: over "
         "the usable problems, then with the left-out ones counted as failures, as MultiPL-E's harness does",
         "\n".join(multipl_e),
+        f"data/problems.jsonl, the training set: {TRAINING_SAMPLE} problems drawn by seed 0 x {K} samples, "
+        "made as the held-out evaluation is",
+        "\n".join(training),
         "Minutes each evaluation took on the 2-core machine",
         "\n".join(minutes),
     ]

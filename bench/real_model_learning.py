@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from evaluate import compare, comparison_markdown, read_rows, summarize  # noqa: E402
+from problems import BUNDLED_PROBLEMS  # noqa: E402
 from real_model import MODELS  # noqa: E402
 from rewards import STAGES  # noqa: E402
 
@@ -68,6 +69,7 @@ SHARED = {
 # The held-out evaluation's sampling and reward: the defaults (at most 256 tokens in the arms, as they train),
 # whatever the arm trains with.
 HELDOUT_EVAL = {"GRPO_TEMPERATURE": "0.9"}
+TRAINING_SAMPLE = 40  # problems of data/problems.jsonl drawn by seed 0: the set's difficulty in 160 samples
 
 
 @dataclass(frozen=True)
@@ -135,13 +137,16 @@ def run(args: list[str], settings: dict[str, str], log: Path) -> None:
 
 def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256) -> Path:
     """evaluate.py's rows for `model` on one held-out set, into/eval_NAME.jsonl:
-    `heldout` (the training prompt, `tokens` at most), `multipl_e` (MultiPL-E's protocol, greedy, repaired)
-    or `multipl_e_published` (the same unrepaired: the problems as MultiPL-E publishes them)."""
+    `heldout` (the training prompt, `tokens` at most), `multipl_e` (MultiPL-E's protocol, greedy, repaired),
+    `multipl_e_published` (the same unrepaired: the problems as MultiPL-E publishes them) or `training` (a
+    fixed sample of data/problems.jsonl, as `heldout` is made: how hard the training set is for a model)."""
     into.mkdir(parents=True, exist_ok=True)
     scratch = into / f".{name}"
     args = ["evaluate.py", str(model), "--seed", "0", "--out-dir", str(scratch)]
-    if name == "heldout":
+    if name in ("heldout", "training"):
         args += ["-k", str(K)]
+        if name == "training":
+            args += ["--problems", str(BUNDLED_PROBLEMS), "-n", str(TRAINING_SAMPLE)]
         settings = {**HELDOUT_EVAL, "GRPO_MAX_COMPLETION": str(tokens)}
     else:
         args += ["--problems", str(MULTIPL_E_EVEN), "--protocol", "multipl-e", "--greedy", "-k", "1"]
