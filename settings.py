@@ -165,6 +165,14 @@ class TrainConfig(RewardConfig):
         "divide advantages by the reward std of",
         choices=("group", "batch", "none"),
     )
+    reward_control: str = setting(
+        "none",
+        "GRPO_REWARD_CONTROL",
+        "shuffled: a control run, trained on the OCaml reward's values permuted across each step's "
+        "completions (same mean and spread, blind to correctness; logs keep the real rewards; "
+        "reward_control.py); none: the reward itself",
+        choices=("none", "shuffled"),
+    )
     report_to: str = setting(
         "trackio",
         "GRPO_REPORT_TO",

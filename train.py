@@ -37,6 +37,7 @@ from ocaml_sandbox import check_toolchain
 from problem_check import leave_out_broken
 from problems import load_problems
 from prompts import build_sft_dataset, build_train_dataset, check_few_shot, fitting_prompts
+from reward_control import ShuffledReward
 from rewards import SyntaxAwareReward, reference_program
 from run_records import (
     append_log_line,
@@ -278,11 +279,16 @@ def train(
         max_completion_length=cfg.max_completion_length,
         completion_columns=tracking is not None,  # with the dashboard (GRPO_REPORT_TO=trackio) only
     )
+    if cfg.reward_control == "shuffled":
+        note(
+            "GRPO_REWARD_CONTROL=shuffled: a control run, trained on each step's rewards permuted across its "
+            "completions; every log keeps the real rewards"
+        )
     lines = board = None
     try:
         trainer = DynamicSamplingTrainer(  # TRL's GRPOTrainer itself with GRPO_DYNAMIC_SAMPLING=off
             model=policy,
-            reward_funcs=[reward],
+            reward_funcs=[ShuffledReward(reward, cfg.seed) if cfg.reward_control == "shuffled" else reward],
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
