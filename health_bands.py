@@ -2,9 +2,10 @@
 
 `relative` (the default, GRPO_MONITOR_BANDS=relative) judges a run against itself: entropy against its first
 steps, the share of tied groups against its first steps, the gradient norm against its own median, the
-reward's trend while completions hit the length limit, and, with held-out evaluations, the training reward
-against held-out pass@1. It stops a run at any epoch once every group has tied for several steps. What is
-normal differs by model, adapter, temperature and reward; change against the run's own start does not.
+reward's trend while completions hit the length limit, and, with held-out evaluations, held-out progress
+against the training reward's. It stops a run at any epoch once every group has tied for several steps with
+nothing learned. What is normal differs by model, adapter, temperature and reward; what signals trouble on
+any run is change against the run's own start.
 
 `seed` (GRPO_MONITOR_BANDS=seed) is the seed analysis's absolute bands, read off one full fine-tune of the
 1.5B, with its stop criteria at epoch 1.0, kept so that its analysis can still be reproduced.
