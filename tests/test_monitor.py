@@ -435,6 +435,27 @@ def test_memorising_is_training_reward_rising_while_eval_pass_at_1_stays_flat(
     )
 
 
+def flat_training(steps: int = 40) -> list[dict]:
+    """A training reward that goes nowhere, as a random reward's control would: noise around 0.2."""
+    return [row(i / steps, 0.2 + (0.03 if i % 2 else -0.03), 0.0) for i in range(1, steps + 1)]
+
+
+@pytest.mark.parametrize(
+    ("history", "pass1", "reward", "ok"),
+    [
+        (flat_training(), gained(0.0), gained(0.0), False),  # nothing moves: no progress
+        (flat_training(), gained(0.0), gained(0.02), False),  # under the 0.03 the bench's idle arms reached
+        (flat_training(), gained(0.06), gained(0.0), True),  # three more held-out problems pass
+        (flat_training(), gained(0.0), gained(0.05), True),  # held-out answers score higher
+        (healthy(), gained(0.0), gained(0.0), True),  # the training reward climbs: memorising speaks instead
+    ],
+)
+def test_no_held_out_progress_is_judged_by_the_relative_bands_only(history, pass1, reward, ok) -> None:
+    checks = {c.name: c for c in RELATIVE.run_eval_checks(history, evals(pass1, reward), Knobs())}
+    assert checks["heldout_stalled"].ok is ok, checks["heldout_stalled"]
+    assert [c.name for c in SEED.run_eval_checks(history, evals(pass1, reward), Knobs())] == ["memorising"]
+
+
 def test_memorising_needs_three_evaluations_over_a_fifth_of_an_epoch() -> None:
     flat = gained(0.0)
     assert bands.check_memorising(healthy(), evals(flat, flat)[:2], Knobs()).ok is None
