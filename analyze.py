@@ -2,18 +2,20 @@
 
 The report follows the seed analysis: status and decision first (machine-readable), an executive summary,
 metric ranges against the expected bands, issues with evidence, env changes to try, the next milestone's
-checklist and the stop criteria. With held-out evaluations it adds their table and the memorising check;
+checklist and the stop criteria. With held-out evaluations it adds their table and their checks (memorising);
 with the reward logs, where completions fail, the most common compiler errors and examples. Each step counts
 once: after --resume the later lines win, and the report says where the run was resumed. It prints the
-Markdown, writes RUN/analysis.md and saves PNG plots beside it. The thresholds live in monitor.py, shared
-with the live monitor. `python analyze.py --dashboard RUN` serves trackio's live dashboard of the runs under
-RUN instead (dashboard.py).
+Markdown, writes RUN/analysis.md and saves PNG plots beside it. The bands live in health_bands.py, shared
+with the live monitor; GRPO_MONITOR_BANDS (or --monitor-bands) picks the profile that judges, the relative
+one by default. `python analyze.py --dashboard RUN` serves trackio's live dashboard of the runs under RUN
+instead (dashboard.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from collections import Counter
@@ -27,10 +29,24 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 import dashboard
+import envflags
+import health_bands as bands
 import monitor
-from monitor import EVAL_PASS, EVAL_REWARD, Check, Criterion, Knobs, Row, Rows
+from health_bands import (
+    EVAL_PASS,
+    EVAL_REWARD,
+    PROFILES,
+    RELATIVE,
+    Check,
+    Criterion,
+    Knobs,
+    Profile,
+    Row,
+    Rows,
+)
 from rewards import STAGES
 from run_records import NO_VALUE, SAMPLED_ZERO_STD, figure, read_jsonl
+from settings import TrainConfig
 
 RECENT_COMPLETIONS = 200  # the reward-log rows that stand for "now"
 EXAMPLES_PER_STAGE = 2
@@ -230,7 +246,7 @@ def passes_tests(row: dict) -> bool:
 
 
 def gated_code(row: dict) -> bool:
-    return row.get("stage") == "gated" and not monitor.looks_like_gibberish(str(row.get("preview", "")))
+    return row.get("stage") == "gated" and not bands.looks_like_gibberish(str(row.get("preview", "")))
 
 
 ERROR_PLACE = re.compile(r"^(?:File \"[^\"]*\", )?line \d+(?:, characters \d+-\d+)?:\s*(?:Error:\s*)?")
@@ -285,33 +301,28 @@ def _lr_phase(history: Sequence[Row]) -> str:
     return "falling (decay)" if values[-1] < values[0] else "constant"
 
 
-def ranges_table(history: Sequence[Row], checks: dict[str, Check]) -> list[str]:
-    def pick(*names: str) -> list[Check]:
-        return [checks[n] for n in names if n in checks]
-
-    floor = monitor.reward_floor(monitor.last_epoch(history))
+def ranges_table(history: Sequence[Row], checks: dict[str, Check], profile: Profile) -> list[str]:
     rows = [
-        ("Loss", "loss", "oscillating around 0 (normal for policy gradient)", "normal"),
-        ("Gradient norm", "grad_norm", "0.01 - 0.5", _assess(pick("grad_norm", "grad_norm_low"))),
-        ("Learning rate", "learning_rate", "GRPO_LEARNING_RATE after warmup", _lr_phase(history)),
-        (
-            "Entropy",
-            "entropy",
-            "0.10 - 0.20, swing < 0.08",
-            _assess(pick("entropy_low", "entropy_high", "entropy_swing")),
-        ),
-        (
-            "Reward (mean)",
-            "reward",
-            f"> {floor:.2f} now; > 0.20 by epoch 0.5 (hoped {monitor.REWARD_TARGET_AT_HALF}), > 0.35 by 1.0",
-            _assess(pick("reward_level")),
-        ),
-        ("Reward (std)", "reward_std", "< 30% of mean", _assess(pick("reward_cv"))),
-        ("frac_zero_std", monitor.zero_std_key(history), "< 0.10", _assess(pick("frac_zero_std"))),
-        ("Clipped completions", "completions/clipped_ratio", "< 0.10", _assess(pick("clipped"))),
+        ("Loss", "loss"),
+        ("Gradient norm", "grad_norm"),
+        ("Learning rate", "learning_rate"),
+        ("Entropy", "entropy"),
+        ("Reward (mean)", "reward"),
+        ("Reward (std)", "reward_std"),
+        ("frac_zero_std", bands.zero_std_key(history)),
+        ("Clipped completions", "completions/clipped_ratio"),
     ]
+    fixed = {
+        "Loss": ("oscillating around 0 (normal for policy gradient)", "normal"),
+        "Learning rate": ("GRPO_LEARNING_RATE after warmup", _lr_phase(history)),
+    }
     lines = ["| Metric | Range | Expected | Assessment (last steps) |", "|---|---|---|---|"]
-    for label, key, expected, assessment in rows:
+    for label, key in rows:
+        if label in fixed:
+            expected, assessment = fixed[label]
+        else:
+            expected, names = profile.ranges[label]
+            assessment = _assess([checks[n] for n in names if n in checks]) if names else "not judged"
         if any(key in r for r in history):
             lines.append(f"| {label} | {_range(history, key)} | {expected} | {assessment} |")
     return lines
@@ -330,13 +341,13 @@ def issues_section(bad: Sequence[Check]) -> list[str]:
     return lines
 
 
-def actions_section(bad: Sequence[Check], decision: str) -> list[str]:
-    lines = ["## Recommended actions", ""]
+def actions_section(bad: Sequence[Check], decision: str, profile: Profile) -> list[str]:
+    lines = [f"## Recommended actions ({profile.name} bands)", ""]
     # Several issues may call for the same change: one line naming them all, with the first reason.
     advised: dict[str, tuple[list[str], str]] = {}
     sources = [(c.title, a) for c in bad for a in c.advice]
     if decision == "stop":
-        sources += [("Stop criteria hold", a) for a in monitor.CONTINGENCIES]
+        sources += [("Stop criteria hold", a) for a in bands.CONTINGENCIES]
     for title, (change, why) in sources:
         titles, _ = advised.setdefault(change, ([], why))
         if title.lower() not in titles:
@@ -370,25 +381,25 @@ def smaller_change(change: str, advised: Mapping[str, object]) -> str:
 def milestone_section(
     history: Sequence[Row], checks: dict[str, Check], pass_share: float | None
 ) -> list[str]:
-    epoch = monitor.last_epoch(history)
-    trend = monitor.reward_trend(history)
-    reward = monitor.mean_of(monitor.recent(history), "reward")
+    epoch = bands.last_epoch(history)
+    trend = bands.reward_trend(history)
+    reward = bands.mean_of(bands.recent(history), "reward")
     frac = checks["frac_zero_std"].value if "frac_zero_std" in checks else None
     swing = checks["entropy_swing"].value if "entropy_swing" in checks else None
     now = f"{pass_share:.1%}" if pass_share is not None else "n/a (no reward logs)"
     if epoch < 0.5:
         items = [
-            f"frac_zero_std < {monitor.FRAC_ZERO_STD_MAX:.2f} (now {_fmt(frac)})",
+            f"frac_zero_std < {bands.FRAC_ZERO_STD_MAX:.2f} (now {_fmt(frac)})",
             f"mean reward > 0.20 (now {_fmt(reward)})",
-            f"entropy stable: swing < {monitor.ENTROPY_SWING_MAX} (now {_fmt(swing)})",
+            f"entropy stable: swing < {bands.ENTROPY_SWING_MAX} (now {_fmt(swing)})",
             f"some test passes appearing (now {now})",
         ]
         return ["## What to check at epoch 0.5", "", *[f"- [ ] {item}" for item in items], ""]
-    if epoch < monitor.STOP_EPOCH:
+    if epoch < bands.STOP_EPOCH:
         items = [
             f"mean reward > 0.35 (now {_fmt(reward)})",
             f"clear upward trend in reward (now {_fmt(trend)} per epoch)",
-            f"regular test passes, {monitor.TEST_PASS_SHARE_AT_ONE:.0%}-20% of samples (now {now})",
+            f"regular test passes, {bands.TEST_PASS_SHARE_AT_ONE:.0%}-20% of samples (now {now})",
         ]
         return ["## What to check at epoch 1.0", "", *[f"- [ ] {item}" for item in items], ""]
     return ["## Milestones", "", "Past epoch 1.0: the stop criteria below decide.", ""]
@@ -398,9 +409,9 @@ def _fmt(value: float | None) -> str:
     return figure(value, ".3g")
 
 
-def stop_section(history: Sequence[Row], criteria: Sequence[Criterion]) -> list[str]:
-    epoch = monitor.last_epoch(history)
-    when = "they apply now" if epoch >= monitor.STOP_EPOCH else f"they apply from epoch 1.0; now {epoch:.2f}"
+def stop_section(history: Sequence[Row], criteria: Sequence[Criterion], profile: Profile) -> list[str]:
+    epoch, start = bands.last_epoch(history), profile.stop_epoch
+    when = "they apply now" if epoch >= start else f"they apply from epoch {start:.1f}; now {epoch:.2f}"
     lines = [f"## Stop criteria ({when})", "", "| Red flag | Holds | Evidence |", "|---|---|---|"]
     for c in criteria:
         holds = "unknown" if c.holds is None else ("YES" if c.holds else "no")
@@ -460,7 +471,7 @@ def fenced(text: str, info: str) -> list[str]:
     return [f"{fence}{info}", text, fence]
 
 
-def eval_section(evals: Sequence[Row], memorising: Check) -> list[str]:
+def eval_section(evals: Sequence[Row], eval_checks: Sequence[Check]) -> list[str]:
     last = evals[-1]
     lines = [
         "## Held-out evaluation",
@@ -478,13 +489,15 @@ def eval_section(evals: Sequence[Row], memorising: Check) -> list[str]:
         )
     best = max(evals, key=lambda e: e[EVAL_PASS])
     lines += ["", f"Best eval pass@1: {best[EVAL_PASS]:.1%} at step {best['step']:.0f}.", ""]
-    if memorising.ok is None:
-        lines.append(f"Memorising: not judged, the check needs {memorising.band}.")
-    else:
-        verdict = "**Memorising.**" if memorising.ok is False else "No sign of memorising:"
+    for check in eval_checks:
+        if check.ok is None:
+            lines.append(f"- {check.title}: not judged, the check needs {check.band}.")
+            continue
+        verdict = (
+            f"**{check.title}.**" if check.ok is False else f"Not {check.title[0].lower()}{check.title[1:]}:"
+        )
         lines.append(
-            f"{verdict} `{memorising.metric}` = {_fmt(memorising.value)} over {memorising.span}, expected "
-            f"{memorising.band}."
+            f"- {verdict} `{check.metric}` = {_fmt(check.value)} over {check.span}, expected {check.band}."
         )
     return [*lines, ""]
 
@@ -496,7 +509,7 @@ def dynamic_sampling_section(history: Sequence[Row]) -> list[str]:
         return []
     sampled = sum(r["dynamic/groups_sampled"] for r in steps)
     trained = sum(r.get("dynamic/groups_trained", 0.0) for r in steps)
-    tied = monitor.mean_of(steps, SAMPLED_ZERO_STD) or monitor.mean_of(steps, "frac_reward_zero_std")
+    tied = bands.mean_of(steps, SAMPLED_ZERO_STD) or bands.mean_of(steps, "frac_reward_zero_std")
     lines = [
         "## Dynamic sampling",
         "",
@@ -524,11 +537,13 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
-def summary(history: Sequence[Row], status: str, bad: Sequence[Check], criteria: Sequence[Criterion]) -> str:
-    epoch = monitor.last_epoch(history)
-    if len(history) < monitor.MIN_STEPS:
+def summary(
+    history: Sequence[Row], status: str, bad: Sequence[Check], criteria: Sequence[Criterion], profile: Profile
+) -> str:
+    epoch = bands.last_epoch(history)
+    if len(history) < bands.MIN_STEPS:
         return (
-            f"Too few steps to judge: {len(history)} logged step(s), at least {monitor.MIN_STEPS} needed. "
+            f"Too few steps to judge: {len(history)} logged step(s), at least {bands.MIN_STEPS} needed. "
             "Let the run go on and analyze again."
         )
     if status == "red":
@@ -539,33 +554,34 @@ def summary(history: Sequence[Row], status: str, bad: Sequence[Check], criteria:
         )
     if status == "yellow":
         titles = ", ".join(dict.fromkeys(c.title.lower() for c in bad))
-        milestone = 0.5 if epoch < 0.5 else 1.0
+        when = f"at epoch {0.5 if epoch < 0.5 else 1.0}" if profile is PROFILES["seed"] else "in 10 steps"
         return (
             f"**Struggling.** {titles[0].upper() + titles[1:]}. Apply the env changes below before "
-            f"continuing, then reassess at epoch {milestone}."
+            f"continuing, then reassess {when}."
         )
-    reward = monitor.mean_of(monitor.recent(history), "reward")
-    trend = monitor.reward_trend(history)
+    reward = bands.mean_of(bands.recent(history), "reward")
+    trend = bands.reward_trend(history)
     return (
         f"**Healthy.** Mean reward {_fmt(reward)} (trend {_fmt(trend)} per epoch), every judged metric "
         "within its band. Continue."
     )
 
 
-def analyze(run: Run) -> Analysis:
+def analyze(run: Run, profile: Profile = RELATIVE) -> Analysis:
+    """The report, judged by `profile`'s bands (the live monitor's, given the same GRPO_MONITOR_BANDS)."""
     knobs = run.knobs
     history = run.history
-    check_list = monitor.run_checks(history, knobs)
+    check_list = profile.run_checks(history, knobs)
     recent_rows = run.breakdown[-RECENT_COMPLETIONS:]
-    gated = monitor.check_gated(share(recent_rows, gated_code), knobs)
-    memorising = monitor.check_memorising(history, run.evals, knobs)
-    if len(history) >= monitor.MIN_STEPS:
-        check_list += [gated, memorising]
+    gated = bands.check_gated(share(recent_rows, gated_code), knobs)
+    eval_checks = profile.run_eval_checks(history, run.evals, knobs)
+    if len(history) >= bands.MIN_STEPS:
+        check_list += [gated, *eval_checks]
     pass_share = share(recent_rows, passes_tests)
     texts = [str(r.get("completion", "")) for r in run.completions[-RECENT_COMPLETIONS:]]
-    gibberish = sum(map(monitor.looks_like_gibberish, texts)) / len(texts) if texts else None
-    criteria = monitor.stop_criteria(history, pass_share, gibberish)
-    status, decision = monitor.verdict(history, check_list, criteria)
+    gibberish = sum(map(bands.looks_like_gibberish, texts)) / len(texts) if texts else None
+    criteria = profile.criteria(history, pass_share, gibberish)
+    status, decision = profile.verdict(history, check_list, criteria)
     checks = {c.name: c for c in check_list}
     bad = [c for c in check_list if c.ok is False]
 
@@ -578,21 +594,24 @@ def analyze(run: Run) -> Analysis:
         f"# Training analysis - {span}",
         "",
         f"Run: `{run.folder}` ({len(history)} logged steps with rewards, from {run.source}; checks judge "
-        f"the last {min(len(history), monitor.WINDOW)})",
+        f"the last {min(len(history), bands.WINDOW)})",
+        "",
+        f"Judged by the {profile.name} bands (GRPO_MONITOR_BANDS={profile.name}): {profile.about}.",
         "",
     ]
     if run.resumes:
         lines += [*(f"- {resume.sentence()}" for resume in run.resumes), ""]
-    lines += ["## Executive summary", "", summary(history, status, bad, criteria), ""]
-    if len(history) >= monitor.MIN_STEPS:
-        lines += ["## Metric ranges", "", *ranges_table(history, checks), ""]
+    lines += ["## Executive summary", "", summary(history, status, bad, criteria, profile), ""]
+    if len(history) >= bands.MIN_STEPS:
+        lines += ["## Metric ranges", "", *ranges_table(history, checks, profile), ""]
         lines += issues_section(bad)
-        lines += actions_section(bad, decision)
-        lines += milestone_section(history, checks, pass_share)
-        lines += stop_section(history, criteria)
+        lines += actions_section(bad, decision, profile)
+        if profile is PROFILES["seed"]:  # the seed's milestones are its own trajectory's
+            lines += milestone_section(history, checks, pass_share)
+        lines += stop_section(history, criteria, profile)
     lines += dynamic_sampling_section(history)
     if run.evals:
-        lines += eval_section(run.evals, memorising)
+        lines += eval_section(run.evals, eval_checks)
     if run.breakdown:
         lines += stages_section(run, gated)
     return Analysis(status, decision, check_list, criteria, "\n".join(lines))
@@ -618,8 +637,9 @@ def stage_series(run: Run) -> tuple[list[float], dict[str, list[float]], str]:
     return xs, series, "epoch (reward logs spread evenly)"
 
 
-def save_plots(run: Run, folder: Path) -> list[Path]:
-    """PNG plots beside analysis.md; a metric nobody logged gets no plot."""
+def save_plots(run: Run, folder: Path, checks: Sequence[Check]) -> list[Path]:
+    """PNG plots beside analysis.md, with the edges of the bands that `checks` judged; a metric nobody logged
+    gets no plot."""
     paths = []
     history = run.history
     epochs = [r.get("epoch", 0.0) for r in history]
@@ -653,8 +673,9 @@ def save_plots(run: Run, folder: Path) -> list[Path]:
             alpha=0.25,
             label="± std",
         )
-        floor = [monitor.reward_floor(e) for e in epochs]
-        ax.plot(at, floor, "--", color="gray", label="seed's minimum")
+        if any(c.name == "reward_level" for c in checks):
+            floor = [bands.reward_floor(e) for e in epochs]
+            ax.plot(at, floor, "--", color="gray", label="seed's minimum")
         ax.legend()
         save(fig, "analysis_reward.png")
     if run.evals:
@@ -666,14 +687,15 @@ def save_plots(run: Run, folder: Path) -> list[Path]:
         ax.plot(eval_at, [e[EVAL_PASS] for e in run.evals], "s-", label="eval pass@1")
         ax.legend()
         save(fig, "analysis_eval.png")
-    for key, name, low, high in (
-        (monitor.zero_std_key(history), "frac_zero_std", None, monitor.FRAC_ZERO_STD_MAX),
-        ("entropy", "entropy", *monitor.ENTROPY_BAND),
+    for key, name, judged_by in (
+        (bands.zero_std_key(history), "frac_zero_std", {"frac_zero_std", "tied_rise"}),
+        ("entropy", "entropy", {"entropy_low", "entropy_high", "entropy_fall"}),
     ):
         if any(key in r for r in history):
             fig, ax = new(name, name)
             ax.plot(at, [r.get(key, math.nan) for r in history])
-            ax.axhspan(low or 0.0, high, color="green", alpha=0.12, label="expected band")
+            for check in (c for c in checks if c.name in judged_by and c.limit is not None):
+                ax.axhline(check.limit, color="green", ls="--", label=f"band edge ({check.band})")
             ax.legend()
             save(fig, f"analysis_{name}.png")
     xs, series, xlabel = stage_series(run)
@@ -686,10 +708,10 @@ def save_plots(run: Run, folder: Path) -> list[Path]:
     return paths
 
 
-def write_report(run: Run) -> tuple[Analysis, list[Path]]:
+def write_report(run: Run, profile: Profile = RELATIVE) -> tuple[Analysis, list[Path]]:
     """The analysis with its plots, written as analysis.md and PNG files into the run's folder."""
-    result = analyze(run)
-    plots = save_plots(run, run.folder)
+    result = analyze(run, profile)
+    plots = save_plots(run, run.folder, result.checks)
     if plots:
         result.markdown += "\n## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
     result.markdown += f"\n## Dashboard\n\n{dashboard.report_line(run.folder)}\n"
@@ -712,6 +734,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="serve trackio's dashboard of the runs under RUN (e.g. grpo_runs) on 127.0.0.1; Ctrl-C stops it",
     )
     parser.add_argument("--port", type=int, help="--dashboard's port (default: the first free one from 7860)")
+    envflags.add_argument(parser, TrainConfig, "monitor_bands")
     args = parser.parse_args(argv)
     if args.dashboard:
         return dashboard.serve(args.dashboard, args.port)
@@ -719,7 +742,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give a run folder, or --dashboard RUN")
     if not args.run.exists():
         parser.error(f"{args.run} does not exist")
-    result, _ = write_report(load_run(args.run))
+    try:  # as train.py resolves it: flag > env > default
+        bands_env = {k: v for k, v in os.environ.items() if k == "GRPO_MONITOR_BANDS"}
+        profile = PROFILES[envflags.resolve(TrainConfig, args, bands_env)[0].monitor_bands]
+    except envflags.ConfigError as exc:
+        parser.error(str(exc))
+    result, _ = write_report(load_run(args.run), profile)
     print(result.markdown)
     return 0
 

@@ -124,11 +124,13 @@ def prepare(cfg: TrainConfig, sources: Mapping[str, str], *, resume: bool) -> No
         build_tiny_model(Path(cfg.model_id), **DEMO_MODEL_SHAPE)
 
 
-def print_summary(out: Path, adapter_dir: Path, seconds: float) -> None:
-    """The run report written, then what the demo made and where, and the report's verdict."""
+def print_summary(out: Path, adapter_dir: Path, bands: str, seconds: float) -> None:
+    """The run report written (judged by the bands GRPO_MONITOR_BANDS names), then what the demo made and
+    where, and the report's verdict."""
     import analyze
+    from health_bands import PROFILES
 
-    report, plots = analyze.write_report(analyze.load_run(out))
+    report, plots = analyze.write_report(analyze.load_run(out), PROFILES[bands])
     checkpoint = latest_checkpoint(out)
     outputs = [
         ("sft/", "the SFT warm start: model/, learning.log, metrics.jsonl"),

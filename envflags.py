@@ -132,18 +132,27 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """One `--flag VALUE` per setting; values stay raw strings so that flags and env parse alike.
     A boolean flag given bare means true (`--stop-on-red-flags`)."""
     for f in _settings(cls):
-        env = f.metadata["env"]
-        is_bool = _base_type(cls, f)[0] is bool
-        parser.add_argument(
-            flag_of(env),
-            dest=f.name,
-            default=None,
-            nargs="?" if is_bool else None,
-            const="true" if is_bool else None,
-            metavar="VALUE",
-            # argparse %-formats help texts; a setting's own "%" is a literal one.
-            help=f"{f.metadata['help'].replace('%', '%%')} [env {env}, default {_shown(f.default)}]",
-        )
+        _add_flag(parser, cls, f)
+
+
+def add_argument(parser: argparse.ArgumentParser, cls: type, name: str) -> None:
+    """The flag of the one setting `name`, for a tool that takes no other (analyze.py's --monitor-bands)."""
+    _add_flag(parser, cls, next(f for f in _settings(cls) if f.name == name))
+
+
+def _add_flag(parser: argparse.ArgumentParser, cls: type, f: dataclasses.Field) -> None:
+    env = f.metadata["env"]
+    is_bool = _base_type(cls, f)[0] is bool
+    parser.add_argument(
+        flag_of(env),
+        dest=f.name,
+        default=None,
+        nargs="?" if is_bool else None,
+        const="true" if is_bool else None,
+        metavar="VALUE",
+        # argparse %-formats help texts; a setting's own "%" is a literal one.
+        help=f"{f.metadata['help'].replace('%', '%%')} [env {env}, default {_shown(f.default)}]",
+    )
 
 
 def resolve(cls: type, args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None):

@@ -208,8 +208,17 @@ class TrainConfig(RewardConfig):
         "estimated peak without it fits the device",
         choices=("auto", "on", "off"),
     )
+    monitor_bands: str = setting(
+        "relative",
+        "GRPO_MONITOR_BANDS",
+        "run-health bands of the monitor and analyze.py: relative (each metric against the run's own first "
+        "steps and median) or seed (the seed analysis's absolute bands; docs/run-health.md)",
+        choices=("relative", "seed"),  # health_bands.PROFILES (a test keeps the two equal)
+    )
     stop_on_red_flags: bool = setting(
-        False, "GRPO_STOP_ON_RED_FLAGS", "stop (checkpoint saved) when the seed's stop criteria hold"
+        False,
+        "GRPO_STOP_ON_RED_FLAGS",
+        "stop (checkpoint saved) when the stop criteria of GRPO_MONITOR_BANDS hold",
     )
     dynamic_sampling: str = setting(
         "off",

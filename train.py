@@ -222,6 +222,7 @@ def train(
 
     import generation
     from dynamic_sampling import DynamicSamplingTrainer, describe
+    from health_bands import PROFILES
     from monitor import HealthMonitor, SkipNonFiniteUpdates
 
     quiet_libraries()
@@ -316,6 +317,7 @@ def train(
             cfg.stop_on_red_flags,
             earlier=read_jsonl(metrics_path) if resume_from else [],
             alert=board.alert if board else None,
+            profile=PROFILES[cfg.monitor_bands],
         )
         trainer.add_callback(health)
         trainer.add_callback(SkipNonFiniteUpdates(write_line))
@@ -480,7 +482,9 @@ def run_demo(cfg: TrainConfig, sources: dict[str, str], args: argparse.Namespace
             sft(dataclasses.replace(cfg, sft_all_weights=True), sources)
         cfg = dataclasses.replace(cfg, model_id=str(sft_model))
     adapter_dir = train(cfg, sources, resume=args.resume, merge_to=args.merge_to)
-    demo.print_summary(Path(cfg.output_dir), adapter_dir, seconds=time.monotonic() - started)
+    demo.print_summary(
+        Path(cfg.output_dir), adapter_dir, cfg.monitor_bands, seconds=time.monotonic() - started
+    )
 
 
 def run_command(args: argparse.Namespace, argv: list[str] | None, environ: Mapping[str, str] | None) -> int:

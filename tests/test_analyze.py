@@ -13,6 +13,7 @@ import pytest
 
 import analyze
 from conftest import code_blocks
+from health_bands import RELATIVE, SEED, Profile
 from rewards import STAGES
 from run_records import append_log_line, format_eval_line, format_log_line, write_header
 from settings import TrainConfig
@@ -155,8 +156,8 @@ def collapsed(folder: Path, metrics: bool = True) -> Path:
     return write_run(folder, rows, metrics=metrics)
 
 
-def report(folder: Path) -> analyze.Analysis:
-    return analyze.analyze(analyze.load_run(folder))
+def report(folder: Path, profile: Profile = RELATIVE) -> analyze.Analysis:
+    return analyze.analyze(analyze.load_run(folder), profile)
 
 
 def test_parses_the_seed_lines_in_either_encoding_and_skips_the_rest() -> None:
@@ -189,7 +190,7 @@ def test_parses_the_seed_lines_in_either_encoding_and_skips_the_rest() -> None:
 def test_the_seeds_situation_is_yellow_adjust_with_the_seeds_knobs(tmp_path: Path, text: str) -> None:
     log = tmp_path / "learning.log"
     log.write_text("# header\nsome line we do not know\n" + text, encoding="utf-8")
-    result = report(log)
+    result = report(log, SEED)
     assert (result.status, result.decision) == ("yellow", "adjust")
     assert result.markdown.startswith("Status: yellow\nDecision: adjust\n")
     for knob in SEED_KNOBS:
@@ -199,6 +200,14 @@ def test_the_seeds_situation_is_yellow_adjust_with_the_seeds_knobs(tmp_path: Pat
     assert "| frac_zero_std | 0 - 0.5 | < 0.10 | WARNING: frac_zero_std 0.208 |" in result.markdown
     assert "## What to check at epoch 0.5" in result.markdown
     assert "they apply from epoch 1.0; now 0.29" in result.markdown
+    assert (
+        "Judged by the seed bands (GRPO_MONITOR_BANDS=seed): the seed analysis's absolute" in result.markdown
+    )
+    assert "## Recommended actions (seed bands)" in result.markdown
+    # Six steps that hold their own first five's levels: the relative bands see no change to judge.
+    relative = report(log)
+    assert (relative.status, relative.decision) == ("green", "continue"), relative.markdown
+    assert "| frac_zero_std | 0 - 0.5 | <= its first 5 steps + 0.30 | ok |" in relative.markdown
 
 
 def test_a_run_that_climbs_while_frac_zero_std_falls_is_green(tmp_path: Path) -> None:
@@ -224,9 +233,9 @@ def test_steps_without_an_entropy_are_left_out_not_read_as_a_collapse(tmp_path: 
     assert "Unstable entropy" not in result.markdown and "nan" not in result.markdown
 
 
-def test_a_run_still_collapsed_at_epoch_one_is_red_stop(tmp_path: Path) -> None:
+def test_a_run_still_collapsed_at_epoch_one_is_red_stop_by_the_seed_bands(tmp_path: Path) -> None:
     for folder, metrics in ((tmp_path / "a", True), (tmp_path / "b", False)):
-        result = report(collapsed(folder, metrics))
+        result = report(collapsed(folder, metrics), SEED)
         assert (result.status, result.decision) == ("red", "stop")
         assert "**Stop.**" in result.markdown and "export REWARD_CURRICULUM=1" in result.markdown
         assert "| mean reward < 0.15 | YES |" in result.markdown
@@ -246,25 +255,51 @@ def test_metrics_jsonl_wins_over_learning_log_and_a_log_path_reads_the_log(tmp_p
     folder = healthy(tmp_path)
     (folder / "learning.log").write_text(SEED_LOG, encoding="utf-8")
     assert report(folder).status == "green"
-    assert report(folder / "learning.log").decision == "adjust"
+    assert report(folder / "learning.log", SEED).decision == "adjust"
 
 
 def test_advice_steps_from_the_runs_own_settings(tmp_path: Path) -> None:
     (tmp_path / "learning.log").write_text(HEADER.format(t=1.1) + SEED_LOG, encoding="utf-8")
-    markdown = report(tmp_path).markdown
+    markdown = report(tmp_path, SEED).markdown
     assert "export GRPO_TEMPERATURE=1.3" in markdown and "GRPO_TEMPERATURE=1.1" not in markdown
 
 
-def test_two_issues_that_pull_the_learning_rate_both_ways_get_the_smaller_step(tmp_path: Path) -> None:
-    # A real run's shape (the real 0.5B on the learning bench): a low reward asks for a higher rate while the
-    # gradient spikes ask for a lower one; one export of each setting, the stable one.
+@pytest.mark.parametrize(
+    ("rate", "exports", "left_out"),
+    [
+        ("0.0002", ["export GRPO_LEARNING_RATE=1e-4  # gradient spikes: smaller steps"], "3.2e-4"),
+        (
+            "5e-05",
+            ["export GRPO_LEARNING_RATE=8e-5  # low absolute reward: rewards should climb faster"],
+            None,
+        ),
+    ],
+)
+def test_two_issues_that_pull_the_learning_rate_both_ways_get_the_smaller_step_never_below_5e_5(
+    tmp_path: Path, rate: str, exports: list[str], left_out: str | None
+) -> None:
+    # A real run's shape (the real 0.5B on the learning bench): a low reward asks the seed's bands for a
+    # higher rate while the gradient spikes ask for a lower one; one export of each setting, the stable one,
+    # and never a LoRA rate under 5e-5 (the only one that moved the real 0.5B's held-out problems).
     rows = metrics_rows(12, 0.48, reward=lambda e: 0.08, frac=lambda e: 0.0)
     for row in rows:
         row["grad_norm"] = 1.5
-    markdown = report(write_run(tmp_path, rows)).markdown
-    exports = [line for line in markdown.splitlines() if line.startswith("export GRPO_LEARNING_RATE=")]
-    assert exports == ["export GRPO_LEARNING_RATE=2.5e-6  # gradient spikes: smaller steps"]
-    assert "# not GRPO_LEARNING_RATE=8e-6 (low absolute reward): GRPO_LEARNING_RATE=2.5e-6 first" in markdown
+    header = HEADER.replace("temperature = {t}", f"learning_rate = {rate}")
+    folder = write_run(tmp_path, rows, metrics=False, header=header)
+    markdown = report(folder, SEED).markdown
+    assert [
+        line for line in markdown.splitlines() if line.startswith("export GRPO_LEARNING_RATE=")
+    ] == exports
+    if left_out:
+        assert (
+            f"# not GRPO_LEARNING_RATE={left_out} (low absolute reward): GRPO_LEARNING_RATE=1e-4 first"
+            in markdown
+        )
+    relative = report(folder)  # the same levels on every step: nothing changed, nothing to advise
+    assert (relative.status, relative.decision) == (
+        "green",
+        "continue",
+    ) and "export " not in relative.markdown
 
 
 def test_reward_logs_give_stages_errors_examples_and_the_gate_advice(tmp_path: Path) -> None:
@@ -302,10 +337,12 @@ def test_a_completions_own_fence_stays_inside_the_reports_example(tmp_path: Path
 def test_gated_gibberish_is_not_blamed_on_the_gate(tmp_path: Path) -> None:
     folder = healthy(tmp_path)
     write_reward_logs(folder, [breakdown("gated", i, "\x1f\ufffd raises <> Coin nc") for i in range(50)])
-    result = report(folder)
+    result = report(folder, SEED)
     assert "MIN_NON_EMPTY_LINES" not in result.markdown
     criteria = {c.name: c.holds for c in result.criteria}
     assert criteria["completions are gibberish"] and criteria["no test passes"]
+    relative = report(folder)  # random tokens stop a run at any epoch: no model writes OCaml like that
+    assert (relative.status, relative.decision) == ("red", "stop")
 
 
 def test_cli_writes_analysis_md_and_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -320,6 +357,22 @@ def test_cli_writes_analysis_md_and_valid_pngs(tmp_path: Path, capsys: pytest.Ca
         assert png.read_bytes().startswith(PNG_MAGIC), name
         assert matplotlib.image.imread(png).shape[0] > 100
         assert f"![analysis_{name}](analysis_{name}.png)" in written
+
+
+def test_cli_judges_by_the_bands_of_its_flag_or_env(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "learning.log").write_text(SEED_LOG, encoding="utf-8")
+    monkeypatch.delenv("GRPO_MONITOR_BANDS", raising=False)
+    assert analyze.main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("Status: green\nDecision: continue\n")  # relative: no change
+    monkeypatch.setenv("GRPO_MONITOR_BANDS", "seed")
+    assert analyze.main([str(tmp_path)]) == 0
+    assert "Judged by the seed bands (GRPO_MONITOR_BANDS=seed)" in capsys.readouterr().out
+    assert analyze.main([str(tmp_path), "--monitor-bands", "relative"]) == 0  # the flag wins
+    assert capsys.readouterr().out.startswith("Status: green\n")
+    monkeypatch.setenv("GRPO_MONITOR_BANDS", "absolute")
+    with pytest.raises(SystemExit):
+        analyze.main([str(tmp_path)])
+    assert "GRPO_MONITOR_BANDS='absolute': expected one of relative, seed" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_folder_without_logs(tmp_path: Path) -> None:
@@ -408,11 +461,14 @@ def test_training_reward_rising_while_eval_pass_at_1_stays_flat_is_memorising(tm
     markdown = result.markdown
     assert (result.status, result.decision) == ("yellow", "adjust"), markdown
     assert "Memorising the training problems" in markdown and "**Struggling.** Memorising" in markdown
-    assert "export GRPO_LEARNING_RATE=2.5e-6  # memorising the training problems" in markdown
+    assert "export GRPO_LEARNING_RATE" not in markdown  # 5e-6 is under 5e-5 already: no lower rate
     assert "## Held-out evaluation" in markdown and "40 problems, 1 sample(s) each" in markdown
     assert "| Step | Epoch | pass@1 | Reward | Passed |" in markdown
     assert "| 36 | 0.60 | 10.0% | 0.200 | 10.0% |" in markdown
-    assert "**Memorising.** `eval pass@1 gain` = 0 over 5 evaluations at epoch 0.20-1.00" in markdown
+    assert (
+        "- **Memorising the training problems.** `eval pass@1 gain` = 0 over 5 evaluations at epoch 0.20-1.00"
+        in markdown
+    )
 
 
 @pytest.mark.parametrize(
@@ -423,4 +479,4 @@ def test_training_reward_rising_while_eval_pass_at_1_stays_flat_is_memorising(tm
 def test_eval_progress_is_not_memorising(tmp_path: Path, pass1, eval_reward) -> None:
     result = report(with_evals(tmp_path, pass1, eval_reward))
     assert (result.status, result.decision) == ("green", "continue"), result.markdown
-    assert "No sign of memorising: `eval pass@1 gain`" in result.markdown
+    assert "- Not memorising the training problems: `eval pass@1 gain`" in result.markdown

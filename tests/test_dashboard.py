@@ -20,6 +20,7 @@ import analyze
 import dashboard
 import monitor
 from envflags import ConfigError
+from health_bands import SEED
 from problems import BUNDLED_PROBLEMS, ROOT
 from rewards import STAGES, RewardConfig, completion_message, score_completion
 from settings import TrainConfig
@@ -173,7 +174,9 @@ def test_the_dashboard_names_metrics_as_learning_log_does() -> None:
 def test_health_lines_become_alerts_named_by_their_metric() -> None:
     lines: list[str] = []
     alerts: list[tuple[str, str, str]] = []
-    health = monitor.HealthMonitor(lines.append, False, alert=lambda *alert: alerts.append(alert))
+    health = monitor.HealthMonitor(
+        lines.append, False, alert=lambda *alert: alerts.append(alert), profile=SEED
+    )
     state = TrainerState(is_world_process_zero=True)
     for step, entropy in enumerate([3.0] * 10 + [0.15] * 20, 1):  # too high, then back within the band
         state.global_step, state.epoch = step, step / 100

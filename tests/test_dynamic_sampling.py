@@ -403,7 +403,7 @@ def test_train_py_filters_with_the_ocaml_reward_and_logs_every_completion_marked
 
 def test_the_monitor_and_the_report_read_the_sampled_share_of_tied_groups() -> None:
     import analyze
-    import monitor
+    import health_bands
     from run_records import format_log_line
 
     step = {
@@ -425,8 +425,8 @@ def test_the_monitor_and_the_report_read_the_sampled_share_of_tied_groups() -> N
     assert "kept=" not in format_log_line({k: v for k, v in step.items() if not k.startswith("dynamic/")})
 
     history = [dict(step, step=i) for i in range(1, 7)]
-    assert monitor.stuck_groups(history) == pytest.approx(0.5)  # sampled 0.625 less the solved 0.125
-    assert monitor.check_frac_zero_std(history, monitor.Knobs()).ok is False  # not the trained batch's 0.0
+    assert health_bands.stuck_groups(history) == pytest.approx(0.5)  # sampled 0.625 less the solved 0.125
+    assert health_bands.check_frac_zero_std(history, health_bands.Knobs()).ok is False  # not the trained 0.0
     section = "\n".join(analyze.dynamic_sampling_section(history))
     assert "48 groups sampled, 18 trained (38%)" in section
     assert (

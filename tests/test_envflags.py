@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from envflags import ConfigError, add_arguments, flag_of, markdown_table, resolve, setting
+from envflags import ConfigError, add_argument, add_arguments, flag_of, markdown_table, resolve, setting
 
 
 @dataclass
@@ -62,3 +62,11 @@ def test_markdown_table_lists_every_setting() -> None:
     table = markdown_table(Example)
     assert "| `GRPO_NUM_GENERATIONS` | `--num-generations` | `6` | completions per prompt |" in table
     assert table.count("\n") == 2 + 4
+
+
+def test_a_tool_takes_one_setting_as_its_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_argument(parser, Example, "report_to")
+    text = parser.format_help()
+    assert "--report-to" in text and "[env GRPO_REPORT_TO, default none]" in text and "--beta" not in text
+    assert resolve(Example, parser.parse_args(["--report-to", "wandb"]), {})[0].report_to == "wandb"

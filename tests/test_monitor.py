@@ -1,4 +1,5 @@
-"""The health checks against the seed's bands, and HealthMonitor inside callbacks and a real GRPO run."""
+"""The health checks of both profiles (the seed's absolute bands, the default relative ones), and
+HealthMonitor inside callbacks and a real GRPO run; tests/test_run_health.py runs real logs through both."""
 
 import math
 from pathlib import Path
@@ -6,11 +7,13 @@ from pathlib import Path
 import pytest
 from transformers import TrainerControl, TrainerState
 
+import health_bands as bands
 import monitor
-from monitor import HealthMonitor, Knobs
+from health_bands import RELATIVE, SEED, Knobs, Profile
+from monitor import HealthMonitor
 
 # The seed's six log lines at epoch 0.28-0.29, as TRL names the metrics.
-SEED = [
+SEED_LINES = [
     (0.28, 0.0838, 0.102, 0.077, 0.155, 0.00),
     (0.28, 0.0362, 0.066, 0.072, 0.090, 0.00),
     (0.29, 0.0406, 0.115, 0.065, 0.165, 0.25),
@@ -20,7 +23,7 @@ SEED = [
 ]
 SEED_ROWS = [
     {"epoch": e, "grad_norm": g, "reward": r, "reward_std": s, "entropy": h, "frac_reward_zero_std": f}
-    for e, g, r, s, h, f in SEED
+    for e, g, r, s, h, f in SEED_LINES
 ]
 
 
@@ -52,12 +55,12 @@ def failing(checks) -> set[str]:
 
 
 def test_reward_floor_follows_the_seed_milestones() -> None:
-    assert monitor.reward_floor(0.0) == 0.0
-    assert monitor.reward_floor(0.5) == pytest.approx(0.20)
-    assert monitor.reward_floor(0.25) == pytest.approx(0.10)
-    assert monitor.reward_floor(0.75) == pytest.approx(0.275)
-    assert monitor.reward_floor(1.0) == pytest.approx(0.35)
-    assert monitor.reward_floor(3.0) == pytest.approx(0.35)
+    assert bands.reward_floor(0.0) == 0.0
+    assert bands.reward_floor(0.5) == pytest.approx(0.20)
+    assert bands.reward_floor(0.25) == pytest.approx(0.10)
+    assert bands.reward_floor(0.75) == pytest.approx(0.275)
+    assert bands.reward_floor(1.0) == pytest.approx(0.35)
+    assert bands.reward_floor(3.0) == pytest.approx(0.35)
 
 
 def test_advice_from_the_seed_values_is_the_seed_advice() -> None:
@@ -81,7 +84,7 @@ def test_advice_steps_on_from_values_already_applied() -> None:
 
 
 def test_the_seed_window_fails_exactly_the_checks_the_seed_flagged() -> None:
-    checks = {c.name: c for c in monitor.run_checks(SEED_ROWS)}
+    checks = {c.name: c for c in SEED.run_checks(SEED_ROWS)}
     assert failing(checks.values()) == {"frac_zero_std", "reward_level", "reward_cv", "entropy_swing"}
     assert checks["frac_zero_std"].value == pytest.approx(1.25 / 6)
     assert checks["reward_cv"].value == pytest.approx(0.387 / 0.553, rel=1e-3)
@@ -90,42 +93,118 @@ def test_the_seed_window_fails_exactly_the_checks_the_seed_flagged() -> None:
 
 
 def test_healthy_end_passes_every_check_and_collapse_fails_the_core_ones() -> None:
-    assert failing(monitor.run_checks(healthy())) == set()
+    assert failing(SEED.run_checks(healthy())) == set()
     assert {"frac_zero_std", "reward_level", "entropy_low", "grad_norm_low"} <= failing(
-        monitor.run_checks(collapsed())
+        SEED.run_checks(collapsed())
     )
 
 
+def lora_run(steps: int = 20, **late) -> list[dict]:
+    """A real 0.5B LoRA run's levels (the learning bench: entropy 0.5, grad_norm 1.5 on every step), with
+    `late` changing row() arguments for the last 10 steps."""
+    return [
+        row(i / 40, **({"reward": 0.2, "frac": 0.0, "entropy": 0.5, "grad": 1.5} | (late if i > 10 else {})))
+        for i in range(1, steps + 1)
+    ]
+
+
+def test_relative_bands_judge_change_against_the_runs_own_start() -> None:
+    assert failing(RELATIVE.run_checks(lora_run())) == set()
+    assert {"entropy_high", "grad_norm"} <= failing(SEED.run_checks(lora_run()))
+    assert failing(RELATIVE.run_checks(lora_run(entropy=0.2))) == {"entropy_fall"}  # under half of 0.5
+    assert failing(RELATIVE.run_checks(lora_run(entropy=0.3))) == set()
+    assert failing(RELATIVE.run_checks(lora_run(frac=0.5))) == {"tied_rise"}
+    assert failing(RELATIVE.run_checks(lora_run(frac=0.25))) == set()
+    spike = lora_run()
+    spike[-1]["grad_norm"] = 16.0  # over 10 x the median 1.5
+    checks = {c.name: c for c in RELATIVE.run_checks(spike)}
+    assert failing(checks.values()) == {"grad_jump"} and checks["grad_jump"].limit == pytest.approx(15.0)
+    assert checks["grad_jump"].band == "<= 10 x the run's median 1.5"
+
+
+def test_a_flat_reward_counts_only_while_completions_hit_the_length_limit() -> None:
+    clipped = [r | {"completions/clipped_ratio": 0.3} for r in lora_run()]
+    assert failing(RELATIVE.run_checks(clipped)) == {"reward_stalled"}
+    rising = [r | {"reward": 0.1 + r["epoch"]} for r in clipped]
+    assert failing(RELATIVE.run_checks(rising)) == set()
+    assert {c.name: c.ok for c in RELATIVE.run_checks(lora_run())}["reward_stalled"] is None  # not logged
+
+
+def issue_collapse(steps: int = 40) -> list[dict]:
+    """The collapse of issue 36's log: every group tied at 0.050, grad_norm 0, entropy 0.54 -> 0.10 over 40
+    steps (epoch 0.40)."""
+    return [
+        row(i / 100, 0.05, 1.0, entropy=0.54 - 0.44 * (i - 1) / (steps - 1), grad=0.0) | {"reward_std": 0.0}
+        for i in range(1, steps + 1)
+    ]
+
+
+def test_a_total_collapse_stops_as_soon_as_it_is_unmistakable_not_at_epoch_one() -> None:
+    rows = issue_collapse()
+    assert SEED.verdict(rows, SEED.run_checks(rows), SEED.criteria(rows, None, None)) == ("yellow", "adjust")
+    first = rows[: bands.COLLAPSE_STEPS]
+    assert RELATIVE.verdict(first, [], RELATIVE.criteria(first, None, None)) == ("red", "stop")
+    assert RELATIVE.verdict(first[:-1], [], RELATIVE.criteria(first[:-1], None, None)) == (
+        "yellow",
+        "continue",
+    )
+    lines, control = replay(rows, stop=True, profile=RELATIVE)
+    assert control.should_training_stop and control.should_save
+    assert lines == [
+        "WARNING [Epoch 0.05] stop criteria hold: every group tied for 5 steps, nothing learned (tied share "
+        "1 on the last 5 steps, grad_norm at most 0, mean reward 0.05 against 0.05 over the first 5); "
+        "stopping, checkpoint saved"
+    ]
+
+
+def test_groups_that_tie_because_the_run_learned_are_no_collapse() -> None:
+    """Every group tied on 5 steps, but at a reward far above the run's start: the training problems are
+    solved (learning.log does not say so per group; metrics.jsonl's groups/solved does)."""
+    rows = [row(i / 10, 0.1, 0.0) for i in range(1, 11)] + [row(1 + i / 10, 1.0, 1.0) for i in range(1, 6)]
+    assert not any(c.holds for c in RELATIVE.criteria(rows, None, None))
+
+
+def test_no_advice_lowers_a_lora_learning_rate_below_5e_5() -> None:
+    assert bands.LORA_LR_FLOOR == 5e-5
+    assert Knobs(learning_rate=5e-5).slower() == "" and Knobs(learning_rate=5e-6).slower() == ""
+    assert Knobs(learning_rate=8e-5).slower() == "GRPO_LEARNING_RATE=5e-5"
+    assert Knobs(learning_rate=2e-4).slower() == "GRPO_LEARNING_RATE=1e-4"
+    spike = lora_run()
+    spike[-1]["grad_norm"] = 16.0
+    for profile in (SEED, RELATIVE):
+        checks = profile.run_checks(spike, Knobs(learning_rate=5e-5))
+        rates = [float(a.split("=")[1]) for c in checks for a, _ in c.advice if a.startswith("GRPO_LEARNING")]
+        assert all(rate > 5e-5 for rate in rates), (profile.name, rates)  # the seed's "faster" only
+
+
 def test_too_few_steps_are_not_judged() -> None:
-    assert monitor.run_checks(SEED_ROWS[:4]) == []
-    assert monitor.verdict(SEED_ROWS[:4], [], []) == ("yellow", "continue")
+    assert SEED.run_checks(SEED_ROWS[:4]) == []
+    assert SEED.verdict(SEED_ROWS[:4], [], []) == ("yellow", "continue")
 
 
 def test_stop_criteria_at_epoch_one() -> None:
     history = collapsed()
-    criteria = {c.name: c.holds for c in monitor.stop_criteria(history, test_pass_share=0.0)}
+    criteria = {c.name: c.holds for c in SEED.criteria(history, test_pass_share=0.0)}
     assert criteria["mean reward < 0.15"] and criteria["frac_zero_std > 0.3"] and criteria["no test passes"]
     assert criteria["completions are gibberish"] is None
-    assert monitor.should_stop(history, monitor.stop_criteria(history))
+    assert SEED.should_stop(history, SEED.criteria(history, None, None))
     # The same collapse before epoch 1.0 is not yet a reason to stop.
     early = collapsed(end=0.9)
-    assert not monitor.should_stop(early, monitor.stop_criteria(early))
-    assert not any(
-        c.holds for c in monitor.stop_criteria(healthy(), test_pass_share=0.2, gibberish_share=0.0)
-    )
+    assert not SEED.should_stop(early, SEED.criteria(early, None, None))
+    assert not any(c.holds for c in SEED.criteria(healthy(), test_pass_share=0.2, gibberish_share=0.0))
 
 
 def test_reward_trend_is_the_least_squares_slope() -> None:
-    assert monitor.reward_trend(healthy()) == pytest.approx(0.5, rel=0.05)
-    assert monitor.reward_trend(collapsed()) == pytest.approx(0.0, abs=1e-9)
-    assert monitor.reward_trend(SEED_ROWS) is None  # 0.01 epoch: a slope there is noise
+    assert bands.reward_trend(healthy()) == pytest.approx(0.5, rel=0.05)
+    assert bands.reward_trend(collapsed()) == pytest.approx(0.0, abs=1e-9)
+    assert bands.reward_trend(SEED_ROWS) is None  # 0.01 epoch: a slope there is noise
 
 
 def test_gibberish_is_random_tokens_not_short_code() -> None:
-    assert not monitor.looks_like_gibberish("let f x = x + 1\n(* END *)")
-    assert monitor.looks_like_gibberish(" raises <> Coin\x1f\ufffd\ufffd left nc falseObjcond")
-    assert monitor.looks_like_gibberish("")
-    assert monitor.looks_like_gibberish("数组 长度 " * 10 + "let")
+    assert not bands.looks_like_gibberish("let f x = x + 1\n(* END *)")
+    assert bands.looks_like_gibberish(" raises <> Coin\x1f\ufffd\ufffd left nc falseObjcond")
+    assert bands.looks_like_gibberish("")
+    assert bands.looks_like_gibberish("数组 长度 " * 10 + "let")
 
 
 class Args:
@@ -134,9 +213,11 @@ class Args:
     temperature, num_generations, learning_rate, max_completion_length = 0.9, 6, 5e-6, 512
 
 
-def replay(rows: list[dict], stop: bool = False, main: bool = True) -> tuple[list[str], TrainerControl]:
+def replay(
+    rows: list[dict], stop: bool = False, main: bool = True, profile: Profile = SEED
+) -> tuple[list[str], TrainerControl]:
     lines: list[str] = []
-    health = HealthMonitor(lines.append, stop_on_red_flags=stop)
+    health = HealthMonitor(lines.append, stop_on_red_flags=stop, profile=profile)
     state = TrainerState(is_world_process_zero=main)
     control = TrainerControl()
     health.on_train_begin(Args(), state, control)
@@ -162,7 +243,7 @@ def test_monitor_warns_once_when_a_check_turns_bad_and_once_when_it_recovers() -
 
 
 def test_monitor_judges_nothing_before_enough_steps_and_ignores_summaries() -> None:
-    lines, _ = replay(collapsed(steps=monitor.MIN_STEPS - 1))
+    lines, _ = replay(collapsed(steps=bands.MIN_STEPS - 1))
     assert lines == []
     health = HealthMonitor(lines.append, stop_on_red_flags=True)
     health.on_log(Args(), TrainerState(), TrainerControl(), logs={"train_runtime": 3.0, "epoch": 1.0})
@@ -194,8 +275,12 @@ def test_only_the_main_process_writes_but_every_process_stops() -> None:
     assert lines == [] and control.should_training_stop
 
 
-def test_monitor_in_a_real_grpo_run_writes_warnings_and_stops_at_epoch_one(tmp_path: Path) -> None:
-    """A constant reward is total mode collapse: the monitor must say so and stop a 3-epoch run at 1.0."""
+@pytest.mark.parametrize(("profile", "stop_step"), [(SEED, 8), (RELATIVE, bands.COLLAPSE_STEPS)], ids=str)
+def test_monitor_in_a_real_grpo_run_stops_a_total_collapse(
+    tmp_path: Path, profile: Profile, stop_step
+) -> None:
+    """A constant reward is total mode collapse: the seed's bands warn and stop a 3-epoch run at epoch 1.0
+    (step 8), the relative bands as soon as every group has tied for 5 steps."""
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -227,24 +312,30 @@ def test_monitor_in_a_real_grpo_run_writes_warnings_and_stops_at_epoch_one(tmp_p
         args=args,
         train_dataset=dataset,
         processing_class=AutoTokenizer.from_pretrained(model_dir),
-        callbacks=[HealthMonitor(lines.append, stop_on_red_flags=True)],
+        callbacks=[HealthMonitor(lines.append, stop_on_red_flags=True, profile=profile)],
     )
     trainer.train()
-    assert any(line.startswith("WARNING") and "frac_zero_std=1 " in line for line in lines), lines
+    if profile is SEED:
+        assert any(line.startswith("WARNING") and "frac_zero_std=1 " in line for line in lines), lines
+    else:
+        assert lines[-1].startswith(
+            "WARNING [Epoch 0.62] stop criteria hold: every group tied for 5 steps, "
+            "nothing learned (tied share 1 on the last 5 steps, grad_norm at most 0,"
+        )
     assert "stop criteria hold" in lines[-1] and lines[-1].endswith("checkpoint saved")
-    assert math.isclose(trainer.state.epoch, 1.0) and trainer.state.global_step < trainer.state.max_steps
+    assert trainer.state.global_step == stop_step
     assert list((tmp_path / "run").glob("checkpoint-*")), "the stop must leave a checkpoint"
 
 
 def test_random_samples_point_at_the_base_model_not_a_hotter_sampler() -> None:
     """A model that samples noise (the demo's random model: entropy 7.6) ties because nothing scores."""
     noise = [row(0.01 * i, 0.0, 1.0, entropy=7.6, grad=0.0) for i in range(1, 11)]
-    checks = {c.name: c for c in monitor.run_checks(noise)}
+    checks = {c.name: c for c in SEED.run_checks(noise)}
     changes = [change for c in checks.values() if c.ok is False for change, _ in c.advice]
     assert "python test_base_model.py" in changes and "GRPO_TEMPERATURE=0.8" in changes
     assert "GRPO_TEMPERATURE=1.1" not in changes
     # The command comes after the settings, so that the line never reads as the script's arguments.
-    line = checks["frac_zero_std"].warning_line(0.1, 10).text
+    line = monitor.warning_line(checks["frac_zero_std"], 0.1, 10).text
     assert line.endswith("Try GRPO_NUM_GENERATIONS=8, then run python test_base_model.py")
 
 
@@ -287,7 +378,7 @@ def test_a_resumed_monitor_starts_from_the_steps_before_its_checkpoint_and_warns
     killed = [{"step": i, **row(i / 40, 0.3, 0.5)} for i in range(1, 14)]
     killed += evals(lambda e: 0.1, lambda e: 0.2, (0.2, 0.3))  # steps 8 and 12
     lines: list[str] = []
-    health = HealthMonitor(lines.append, stop_on_red_flags=False, earlier=killed)
+    health = HealthMonitor(lines.append, stop_on_red_flags=False, earlier=killed, profile=SEED)
     state = TrainerState(global_step=10, epoch=0.25, is_world_process_zero=True)
     health.on_train_begin(Args(), state, TrainerControl())
     assert [r["step"] for r in health.history] == list(range(1, 11))
@@ -335,17 +426,41 @@ def gained(g: float):
 def test_memorising_is_training_reward_rising_while_eval_pass_at_1_stays_flat(
     history, pass1, reward, ok
 ) -> None:
-    check = monitor.check_memorising(history, evals(pass1, reward), Knobs())
+    check = bands.check_memorising(history, evals(pass1, reward), Knobs())
     assert check.ok is ok, check
     assert check.span == "5 evaluations at epoch 0.20-1.00"
-    assert check.advice[0][0] == "GRPO_LEARNING_RATE=2.5e-6"
+    assert check.advice == ()  # the seed's 5e-6 is below LORA_LR_FLOOR already: no lower rate is advised
+    assert bands.check_memorising(history, evals(pass1, reward), Knobs(learning_rate=2e-4)).advice[0][0] == (
+        "GRPO_LEARNING_RATE=1e-4"
+    )
+
+
+def flat_training(steps: int = 40) -> list[dict]:
+    """A training reward that goes nowhere, as a random reward's control would: noise around 0.2."""
+    return [row(i / steps, 0.2 + (0.03 if i % 2 else -0.03), 0.0) for i in range(1, steps + 1)]
+
+
+@pytest.mark.parametrize(
+    ("history", "pass1", "reward", "ok"),
+    [
+        (flat_training(), gained(0.0), gained(0.0), False),  # nothing moves: no progress
+        (flat_training(), gained(0.0), gained(0.02), False),  # under the 0.03 the bench's idle arms reached
+        (flat_training(), gained(0.06), gained(0.0), True),  # three more held-out problems pass
+        (flat_training(), gained(0.0), gained(0.05), True),  # held-out answers score higher
+        (healthy(), gained(0.0), gained(0.0), True),  # the training reward climbs: memorising speaks instead
+    ],
+)
+def test_no_held_out_progress_is_judged_by_the_relative_bands_only(history, pass1, reward, ok) -> None:
+    checks = {c.name: c for c in RELATIVE.run_eval_checks(history, evals(pass1, reward), Knobs())}
+    assert checks["heldout_stalled"].ok is ok, checks["heldout_stalled"]
+    assert [c.name for c in SEED.run_eval_checks(history, evals(pass1, reward), Knobs())] == ["memorising"]
 
 
 def test_memorising_needs_three_evaluations_over_a_fifth_of_an_epoch() -> None:
     flat = gained(0.0)
-    assert monitor.check_memorising(healthy(), evals(flat, flat)[:2], Knobs()).ok is None
-    assert monitor.check_memorising(healthy(), evals(flat, flat, (0.85, 0.9, 0.95, 1.0)), Knobs()).ok is None
-    assert monitor.check_memorising(healthy(), [], Knobs()).value is None
+    assert bands.check_memorising(healthy(), evals(flat, flat)[:2], Knobs()).ok is None
+    assert bands.check_memorising(healthy(), evals(flat, flat, (0.85, 0.9, 0.95, 1.0)), Knobs()).ok is None
+    assert bands.check_memorising(healthy(), [], Knobs()).value is None
 
 
 def test_monitor_warns_live_once_when_evaluations_show_memorising() -> None:
@@ -368,7 +483,7 @@ def test_monitor_warns_live_once_when_evaluations_show_memorising() -> None:
         "when the training reward gains > 0.10 (here 0.2) and the eval reward less than half as much "
         "(here 0)): "
     )
-    assert memorising[0].endswith("Try GRPO_LEARNING_RATE=2.5e-6")
+    assert memorising[0].endswith("keep the checkpoint with the best eval pass@1 rather than the last.")
 
 
 def test_a_flat_held_out_line_reads_gain_0_whatever_the_sign_of_its_rounding() -> None:
@@ -376,15 +491,15 @@ def test_a_flat_held_out_line_reads_gain_0_whatever_the_sign_of_its_rounding() -
     -0.0 (what another box's arithmetic gave on a line flat to the eye). The check and its line say 0."""
     flat = evals(gained(0.0), gained(0.0))
     flat[-1]["eval/pass@1"] = math.nextafter(flat[-1]["eval/pass@1"], 0.0)  # 0.1 less one bit
-    check = monitor.check_memorising(healthy(), flat[-3:], Knobs())
+    check = bands.check_memorising(healthy(), flat[-3:], Knobs())
     assert check.value == 0.0 and math.copysign(1.0, check.value) == 1.0
     assert check.ok is False
-    line = check.warning_line(1.0, 10).text
+    line = monitor.warning_line(check, 1.0, 10).text
     assert line.startswith("WARNING [Epoch 1.00] eval pass@1 gain=0 over 3 evaluations") and "-0" not in line
 
 
 def test_figures_that_round_to_zero_print_unsigned_and_real_negatives_keep_their_sign() -> None:
-    assert [monitor._num(v) for v in (-0.0, -1e-9, -0.0004, 0.25, None, math.nan)] == [
+    assert [bands._num(v) for v in (-0.0, -1e-9, -0.0004, 0.25, None, math.nan)] == [
         "0",
         "-1e-09",  # three significant digits: a value, not a rounded zero
         "-0.0004",
@@ -393,7 +508,7 @@ def test_figures_that_round_to_zero_print_unsigned_and_real_negatives_keep_their
         "n/a",
     ]
     flat = [row(i / 40, 0.1, 0.0) for i in range(1, 41)]
-    assert monitor.stop_criteria(flat)[-1].evidence == "reward trend +0.000 per epoch"
+    assert SEED.criteria(flat, None, None)[-1].evidence == "reward trend +0.000 per epoch"
 
 
 def test_steps_that_trained_no_group_log_no_entropy_and_no_check_reads_that_as_a_collapse() -> None:
@@ -407,7 +522,7 @@ def test_steps_that_trained_no_group_log_no_entropy_and_no_check_reads_that_as_a
     assert not any("entropy" in line for line in lines), lines
     assert not control.should_training_stop
     every_step_dropped = [r | {"entropy": math.nan, "step": i} for i, r in enumerate(healthy(steps=40), 1)]
-    checks = {c.name: c for c in monitor.run_checks(monitor.metric_history(every_step_dropped)[0])}
+    checks = {c.name: c for c in SEED.run_checks(monitor.metric_history(every_step_dropped)[0])}
     assert [checks[name].ok for name in ("entropy_low", "entropy_high", "entropy_swing")] == [None] * 3
 
 
@@ -452,8 +567,8 @@ def test_a_resumed_grpo_run_gives_the_monitor_each_step_once(tmp_path: Path, tin
             callbacks=[Events(), health],
         ).train(resume_from_checkpoint=resume)
 
-    train(7, 0.1, HealthMonitor(log.append, stop_on_red_flags=False), None)
-    resumed = HealthMonitor(log.append, stop_on_red_flags=False, earlier=list(events))
+    train(7, 0.1, HealthMonitor(log.append, stop_on_red_flags=False, profile=SEED), None)
+    resumed = HealthMonitor(log.append, stop_on_red_flags=False, earlier=list(events), profile=SEED)
     train(9, 0.3, resumed, str(tmp_path / "checkpoint-5"))
     assert [e["step"] for e in events if "reward" in e] == [1, 2, 3, 4, 5, 6, 7, 6, 7, 8, 9]
     assert [r["step"] for r in resumed.history] == list(range(1, 10))
@@ -494,7 +609,7 @@ def test_a_non_finite_gradient_skips_its_update_and_says_so(poison: float, tmp_p
     assert not optimizer.state  # AdamW saw no gradient: no moments, no step count
     assert lines == [
         "WARNING [Epoch 0.50] step 8: the gradient is not finite (nan or inf), so this update was skipped "
-        "and the weights are unchanged (1 skipped so far). If it repeats, try GRPO_LEARNING_RATE=0.0015"
+        "and the weights are unchanged (1 skipped so far). If it repeats, try GRPO_LEARNING_RATE=1.5e-3"
     ]
     step(poisoned=False)
     after = list(model.parameters())
