@@ -24,6 +24,9 @@ GPU_SKIP_REASON = "needs CUDA: torch sees no GPU (the gpu layer runs on a GPU bo
 REAL_MODEL_SKIP_REASON = "needs the real Qwen2.5-Coder-0.5B: run `make real-model` (README.md, real models)"
 # What the real-model tests measured (stage shares, prompt lengths), printed after the run's summary.
 REAL_MODEL_FIGURES: list[str] = []
+# hygiene: every test fails that leaves a signal disposition, an environment variable, a child process or a
+# listening socket behind; pytester runs a pytest session inside a test (tests/test_hygiene.py).
+pytest_plugins = ("hygiene", "pytester")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
