@@ -11,6 +11,12 @@ import sys
 import psutil  # accelerate's dependency
 import pytest
 
+# Set by a library once, on first use, for the rest of the process, whichever test happens to be first.
+PROCESS_WIDE = {
+    "PYTEST_CURRENT_TEST",  # pytest's own: the test running now
+    "TORCHINDUCTOR_CACHE_DIR",  # torch's inductor: where compiled kernels are cached, for its workers too
+}
+
 
 def process_state() -> dict[str, set[str]]:
     """What a test may change in this process and must put back: signal dispositions and the blocked-signal
@@ -27,7 +33,7 @@ def process_state() -> dict[str, set[str]]:
     return {
         "signal disposition": {f"{signal_name(n)}: {signal.getsignal(n)!r}" for n in signal.valid_signals()},
         "blocked signal": {signal_name(n) for n in signal.pthread_sigmask(signal.SIG_BLOCK, [])},
-        "environment variable": {f"{k}={v}" for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},
+        "environment variable": {f"{k}={v}" for k, v in os.environ.items() if k not in PROCESS_WIDE},
         "child process": children,
         "listening socket": listening,
     }
