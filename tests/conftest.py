@@ -185,7 +185,7 @@ def compiled_run_flags(tiny_model: Path, out: Path, held_out: Path, checkpointin
         *("--lora-r", "4", "--lora-alpha", "8"),
         *("--eval-dataset", str(held_out), "--eval-holdout", "0"),
         *("--eval-steps", "2", "--eval-samples", "1"),
-        *("--generation", "compiled", "--gradient-checkpointing", checkpointing),
+        *("--generation", "compiled", "--gradient-checkpointing", checkpointing, "--report-to", "none"),
     ]
 
 

@@ -15,6 +15,7 @@ import pytest
 PROCESS_WIDE = {
     "PYTEST_CURRENT_TEST",  # pytest's own: the test running now
     "TORCHINDUCTOR_CACHE_DIR",  # torch's inductor: where compiled kernels are cached, for its workers too
+    "TOKENIZERS_PARALLELISM",  # transformers' generate turns the tokenizers library's threads off
 }
 
 

@@ -39,6 +39,7 @@ def quick_settings(tiny_model: Path, out: Path, steps: int) -> list[str]:
         *("--output-dir", str(out)),
         *("--batch-size", "2", "--num-generations", "2", "--max-completion", "12", "--max-steps", str(steps)),
         *("--save-steps", "2", "--lora-r", "4", "--lora-alpha", "8", "--eval-steps", "none"),
+        *("--report-to", "none"),
     ]
 
 
