@@ -19,6 +19,7 @@ import contextlib
 import io
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -321,6 +322,9 @@ def report_line(run_folder: Path) -> str:
 
 def serve(root: Path, port: int | None = None) -> int:
     """`make dashboard`: serve the runs under `root` until Ctrl-C."""
+    # A background job of a non-interactive shell (`make dashboard &` in a script, CI) starts with SIGINT
+    # ignored, and Python then raises no KeyboardInterrupt: Ctrl-C (kill -INT) must stop it all the same.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with tempfile.TemporaryDirectory(prefix="ocaml-grpo-dashboard-") as view:
         try:
             server, url, projects = start(root, Path(view), port)

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import hub
 from envflags import ConfigError
 from problems import DATASET_BUILDERS
 
@@ -41,8 +42,10 @@ def _source(model_id: str) -> tuple[str, dict[str, Any]]:
 
 
 def _cannot_load(model_id: str, what: str, err: BaseException, setting: str | None = None) -> ConfigError:
-    reason = " ".join(str(err).split())  # transformers' messages span lines; ours are one line
     named = f"{setting}={model_id!r}" if setting else model_id
+    if hub.unreachable(err):
+        return ConfigError(hub.unreachable_message(named, f"its {what}", hub.OFFLINE_MODEL))
+    reason = " ".join(str(err).split())  # transformers' messages span lines; ours are one line
     return ConfigError(f"{named}: cannot load its {what} ({reason})")
 
 

@@ -212,7 +212,7 @@ class SkipNonFiniteUpdates(TrainerCallback):
         import torch
 
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
+        if not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite()):
             return
         for parameter in model.parameters():
             parameter.grad = None

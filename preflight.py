@@ -49,7 +49,7 @@ def _model_config_or_error(model_id: str):
     from models import load_config
 
     try:
-        return load_config(model_id), None
+        return load_config(model_id, "GRPO_MODEL_ID"), None
     except ConfigError as err:
         return None, err
 
@@ -221,6 +221,8 @@ def check_model(cfg: TrainConfig, sources: Mapping[str, str]) -> str:
 
     try:
         params, weights, cache, without = model_memory(cfg)
+    except ConfigError as err:  # in its own words: the hub unreachable, the way forward
+        raise Failed(str(err)) from None
     except (OSError, ValueError) as err:
         raise Failed(f"GRPO_MODEL_ID={cfg.model_id!r}: cannot read its config ({first_line(err)})") from None
     layers = model_config(cfg.model_id).get_text_config().num_hidden_layers

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import hub
 from envflags import ConfigError
 from multipl_e import choose_split, split_source
 
@@ -202,6 +203,10 @@ def load_problems(
     except ConfigError:
         raise
     except Exception as err:  # datasets raises many types; the cause is what the user needs
+        if hub.unreachable(err):
+            raise ConfigError(
+                hub.unreachable_message(f"{setting_name}={source!r}", "it", hub.OFFLINE_DATA)
+            ) from None
         cause = err.__cause__ or err
         raise ConfigError(
             f"{setting_name}={source!r}: cannot load it ({type(cause).__name__}: {cause})"

@@ -528,8 +528,15 @@ def shared_pool(cfg: RewardConfig) -> SandboxPool:
     with _pools_lock:
         if key not in _pools:
             _pools[key] = SandboxPool(cfg.reward_workers, cfg.ocaml_sandbox, cfg.limits())
-            atexit.register(_pools[key].close)
         return _pools[key]
+
+
+@atexit.register
+def close_shared_pools() -> None:
+    """Stop the shared pools' workers (at exit, and after each test); the next shared_pool starts anew."""
+    with _pools_lock:
+        while _pools:
+            _pools.popitem()[1].close()
 
 
 def score_batch(

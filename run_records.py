@@ -143,9 +143,17 @@ def use_step_lines(
     metrics.jsonl only. With `console_lines` the console shows about that many of the lines, evenly spread.
     Returns the callback: its `close_bar` ends the bar of a run that an error stops, so that the error's line
     is printed under it rather than after it on the same line."""
+    from tqdm.auto import tqdm
     from transformers import ProgressCallback
 
     class StepLines(ProgressCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            # A console that is not a terminal (CI, tee, a log file) gets the step lines alone: a bar there
+            # is a line of carriage-return frames, thousands of characters long.
+            if state.is_world_process_zero:
+                self.training_bar = tqdm(total=state.max_steps, dynamic_ncols=True, disable=not on_terminal())
+            self.current_step = 0
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or not logs:
                 return
@@ -166,6 +174,11 @@ def use_step_lines(
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(lines)
     return lines
+
+
+def on_terminal() -> bool:
+    """Whether progress bars go to a terminal (tqdm draws on stderr)."""
+    return sys.stderr.isatty()
 
 
 def console(text: str) -> None:

@@ -39,9 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from evaluate import compare, comparison_markdown, read_rows, summarize  # noqa: E402
+from health_bands import zero_std_key  # noqa: E402
 from problems import BUNDLED_PROBLEMS  # noqa: E402
 from real_model import MODELS  # noqa: E402
 from rewards import STAGES  # noqa: E402
+from stats import holm, sign_test  # noqa: E402
 
 MODEL = MODELS["0.5b"]
 RESULTS = ROOT / "bench" / "results" / "real_model"
@@ -229,7 +231,8 @@ def run_arm(name: str) -> dict:
     report = (out / "analysis.md").read_text(encoding="utf-8").splitlines()
     kept = [line for line in report if not line.startswith("![analysis_")]  # its plots stay with the run
     (into / "analysis.md").write_text("\n".join(kept) + "\n", encoding="utf-8")
-    rewards = [s["reward"] for s in steps_of(out)]
+    steps = steps_of(out)
+    rewards = [s["reward"] for s in steps]
     row = {
         "arm": name,
         "lever": arm.lever,
@@ -248,7 +251,8 @@ def run_arm(name: str) -> dict:
         "train_reward_first5": statistics.fmean(rewards[:5]),
         "train_reward_last5": statistics.fmean(rewards[-5:]),
         "rewards": rewards,
-        "mean_frac_zero_std": statistics.fmean(s["frac_reward_zero_std"] for s in steps_of(out)),
+        # of the sampled groups, as the monitor reads it: dynamic sampling's trained ones never tie
+        "mean_frac_zero_std": statistics.fmean(s[zero_std_key(steps)] for s in steps),
         "heldout": comparison(base["heldout"], trained["heldout"], K),
         "multipl_e": comparison(base["multipl_e"], trained["multipl_e"], 1),
     }
@@ -268,12 +272,42 @@ def points(before: float, after: float) -> str:
     return f"{before:.1%} -> {after:.1%} ({100 * (after - before):+.1f})"
 
 
+SETS = {"heldout": "held-out", "multipl_e": "MultiPL-E"}
+
+
+def sign_tests(rows: list[dict]) -> dict[str, float]:
+    """{"ARM on SET": p} for every arm and held-out set: the sign test of its improved against its regressed
+    problems."""
+    return {
+        f"{r['arm']} on {name}": sign_test(len(r[key]["improved"]), len(r[key]["regressed"]))
+        for r in rows
+        for key, name in SETS.items()
+    }
+
+
+def changed(comparison: dict, p: float) -> str:
+    return f"{len(comparison['improved'])} / {len(comparison['regressed'])} ({p:.2g})"
+
+
+def holm_note(rows: list[dict]) -> str:
+    """Which of the table's sign tests survive Holm's correction: each arm against one base draw."""
+    tests = sign_tests(rows)
+    kept = [f"{name} (adjusted p {p:.2g})" for name, p in holm(tests).items() if p < 0.05]
+    return (
+        f"(p): the exact two-sided sign test of the problems that improved against those that regressed. "
+        f"{len(tests)} tests against one base draw: after Holm's correction (family-wise 0.05) "
+        f"{'only ' + ', '.join(kept) if kept else 'none'} stands."
+    )
+
+
 def table(rows: list[dict]) -> str:
-    """results.md: one row per arm, then each arm's stage shares before and after."""
+    """results.md: one row per arm, then the sign tests' reading, then each arm's stage shares before and
+    after."""
+    tests = sign_tests(rows)
     lines = [
         "| arm | lever | train reward, first 5 -> last 5 steps | mean frac_zero_std | held-out pass@1 (k=4) "
-        "| held-out pass@4 | held-out mean reward | improved / regressed | MultiPL-E pass@1 (greedy) | "
-        "MultiPL-E improved / regressed | minutes |",
+        "| held-out pass@4 | held-out mean reward | improved / regressed (p) | MultiPL-E pass@1 (greedy) | "
+        "MultiPL-E improved / regressed (p) | minutes |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -286,13 +320,13 @@ def table(rows: list[dict]) -> str:
             points(h["pass@1_before"], h["pass@1_after"]),
             points(h[f"pass@{K}_before"], h[f"pass@{K}_after"]),
             f"{h['mean_reward_before']:.3f} -> {h['mean_reward_after']:.3f}",
-            f"{len(h['improved'])} / {len(h['regressed'])}",
+            changed(h, tests[f"{r['arm']} on held-out"]),
             points(m["pass@1_before"], m["pass@1_after"]),
-            f"{len(m['improved'])} / {len(m['regressed'])}",
+            changed(m, tests[f"{r['arm']} on MultiPL-E"]),
             f"{r['minutes']:.0f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Held-out stage shares, base -> trained:", ""]
+    lines += ["", holm_note(rows), "", "Held-out stage shares, base -> trained:", ""]
     lines += ["| arm | " + " | ".join(STAGES) + " |", "|---|" + "---|" * len(STAGES)]
     for r in rows:
         h = r["heldout"]

@@ -1,23 +1,87 @@
 """The real model's committed evaluations (bench/results/real_model/: the learning bench's, and the base
-models' baselines) re-score to the same verdicts with the reward as it is now (rewards.py score), and the
-bench's results.md is the table of its results.jsonl. No model runs here."""
+models' baselines) re-score to the same stages and rewards with the reward as it is now (rewards.py score),
+and every figure of the bench's results.jsonl is what the committed files say, recomputed here from the
+evaluation files and each arm's learning.log, not by the bench's own code. No model runs here."""
 
 from __future__ import annotations
 
 import json
+import re
+import statistics
+from collections import Counter
+from math import comb
 from pathlib import Path
 
 import pytest
 
-from bench.real_model_learning import MULTIPL_E_EVEN, RESULTS, read_results, table
+from analyze import read_log
+from bench.real_model_learning import MULTIPL_E_EVEN, RESULTS, K, read_results, sign_tests, table
 from problems import HELDOUT_PROBLEMS
-from rewards import RewardConfig, score_files
+from rewards import STAGES, RewardConfig, score_files
+from stats import holm, sign_test
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = read_results()
 # eval_heldout*.jsonl: data/heldout.jsonl; eval_multipl_e*.jsonl: MultiPL-E's even half, repaired
 # (REPAIR_PROBLEMS=1) unless the name says `published`.
 EVALUATIONS = sorted(str(path.relative_to(ROOT)) for path in RESULTS.glob("**/eval_*.jsonl"))
+
+
+def per_problem(path: str) -> tuple[list[dict], dict[str, tuple[int, int, float]]]:
+    """An evaluation file's rows, and per problem (samples, passing samples, mean reward)."""
+    rows = [json.loads(line) for line in (ROOT / path).read_text(encoding="utf-8").splitlines()]
+    problems: dict[str, list[dict]] = {}
+    for r in rows:
+        problems.setdefault(str(r["problem_id"]), []).append(r)
+    return rows, {
+        pid: (len(g), sum(r["stage"] == "passed" for r in g), statistics.fmean(r["total_reward"] for r in g))
+        for pid, g in problems.items()
+    }
+
+
+def figures(base: str, trained: str, k: int) -> dict:
+    """pass@1, pass@k (Chen et al.'s unbiased estimate, averaged over problems), mean reward, stage shares,
+    and the problems whose pass rate (or, at an equal pass rate, mean reward) rose and fell."""
+    found = {}
+    for when, path in (("before", base), ("after", trained)):
+        rows, problems = per_problem(path)
+        found[when] = problems
+        for j in sorted({1, k}):
+            rates = [1 - comb(n - c, j) / comb(n, j) for n, c, _ in problems.values()]
+            found[f"pass@{j}_{when}"] = statistics.fmean(rates)
+        found[f"mean_reward_{when}"] = statistics.fmean(r["total_reward"] for r in rows)
+        stages = Counter(r["stage"] for r in rows)
+        found[f"stages_{when}"] = {stage: stages[stage] / len(rows) for stage in STAGES}
+    before, after = found.pop("before"), found.pop("after")
+    change = {
+        pid: (after[pid][1] / after[pid][0] - before[pid][1] / before[pid][0], after[pid][2] - before[pid][2])
+        for pid in before
+    }
+    found["improved"] = {p for p, (ds, dr) in change.items() if ds > 0 or (ds == 0 and dr > 1e-6)}
+    found["regressed"] = {p for p, (ds, dr) in change.items() if ds < 0 or (ds == 0 and dr < -1e-6)}
+    return found
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["arm"] for r in ROWS])
+def test_an_arms_figures_are_what_its_committed_files_say(row: dict) -> None:
+    for key, k, base, trained in (
+        ("heldout", K, row["base_eval"], row["trained_eval"]),
+        ("multipl_e", 1, row["base_multipl_e"], row["trained_multipl_e"]),
+    ):
+        recorded, expected = row[key], figures(base, trained, k)
+        for problems in ("improved", "regressed"):
+            assert set(recorded[problems]) == expected.pop(problems), problems
+        for when in ("before", "after"):
+            assert recorded[f"stages_{when}"] == pytest.approx(expected.pop(f"stages_{when}"))
+        assert {figure: recorded[figure] for figure in expected} == pytest.approx(expected)
+    # learning.log prints each step's reward to 3 decimals and frac_zero_std, the sampled groups' share, to 2
+    steps, _, _ = read_log(RESULTS / row["arm"] / "learning.log")
+    rewards = [s["reward"] for s in steps]
+    assert row["rewards"] == pytest.approx(rewards, abs=6e-4)
+    assert row["train_reward_first5"] == pytest.approx(statistics.fmean(rewards[:5]), abs=6e-4)
+    assert row["train_reward_last5"] == pytest.approx(statistics.fmean(rewards[-5:]), abs=6e-4)
+    sampled_zero_std = statistics.fmean(s["frac_reward_zero_std"] for s in steps)
+    assert row["mean_frac_zero_std"] == pytest.approx(sampled_zero_std, abs=5e-3)
 
 
 def test_the_results_table_is_the_table_of_the_rows() -> None:
@@ -40,5 +104,33 @@ def test_a_committed_evaluation_rescores_to_the_same_verdicts(path: str) -> None
     cfg = RewardConfig(repair_problems=multipl_e and "published" not in Path(path).name)
     rows = [json.loads(line) for line in (ROOT / path).read_text(encoding="utf-8").splitlines()]
     rescored = score_files(problems, ROOT / path, cfg)
-    verdicts = [(r["stage"], r["stage"] == "passed") for r in rescored]
-    assert verdicts == [(r["stage"], r["passed"]) for r in rows]
+    assert [(r["stage"], r["stage"] == "passed") for r in rescored] == [
+        (r["stage"], r["passed"]) for r in rows
+    ]
+    assert [r["total_reward"] for r in rescored] == pytest.approx([r["total_reward"] for r in rows], abs=1e-6)
+
+
+def within_its_rounding(written: str, value: float) -> bool:
+    """Whether `value` rounds to the figure as written: 0.05 stands for 0.045 up to 0.055."""
+    decimals = len(written.partition(".")[2])
+    return abs(float(written) - value) <= 0.5 * 10**-decimals + 1e-12
+
+
+@pytest.mark.parametrize("page", ["docs/real-model.md", "BENCHMARKS.md"])
+def test_the_p_values_in_the_docs_are_the_sign_tests_and_holms(page: str) -> None:
+    """Every "improved / regressed (p)" cell, every "N improved, M regressed ... p = X" sentence and every
+    Holm-adjusted p in the page is what stats.py computes from the counts."""
+    text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    cells = re.findall(r"\| (\d+) / (\d+) \(([0-9.]+)\) \|", text)
+    sentences = re.findall(
+        r"(\d+) (?:problems )?improved,? (?:against )?(\d+) regressed[,;]? \(?(?:sign test )?p = ([0-9.]+)",
+        text,
+    )
+    assert cells and sentences
+    for improved, regressed, p in cells:
+        assert p == f"{sign_test(int(improved), int(regressed)):.2g}", (improved, regressed, p)
+    for improved, regressed, p in sentences:
+        assert within_its_rounding(p, sign_test(int(improved), int(regressed))), (improved, regressed, p)
+    adjusted = holm(sign_tests(ROWS)).values()
+    written = re.findall(r"adjusted (?:p )?([0-9.]*[0-9])", text)
+    assert written and all(any(within_its_rounding(p, a) for a in adjusted) for p in written), written

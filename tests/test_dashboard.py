@@ -95,13 +95,7 @@ def test_a_run_is_watched_in_the_dashboard_in_a_real_browser(tiny_model: Path, t
         report.markdown
     )
 
-    server = subprocess.Popen(
-        [sys.executable, "analyze.py", "--dashboard", str(runs), "--port", str(free_port())],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    server = start_dashboard(runs)
     try:
         first = server.stdout.readline()
         found = re.match(r"Dashboard of first at (http://127\.0\.0\.1:\d+/)\?project=first  \(Ctrl-C", first)
@@ -126,13 +120,42 @@ def test_a_run_is_watched_in_the_dashboard_in_a_real_browser(tiny_model: Path, t
         render(f"{base}?project=first", tmp_path / "chromium", screenshot=screenshot)
         assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
     finally:
-        server.send_signal(signal.SIGINT)  # Ctrl-C
-        try:
-            rest, _ = server.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()  # never leave a server behind; the assert below then fails
-            rest, _ = server.communicate()
+        rest = ctrl_c(server)
     assert server.returncode == 0 and "dashboard stopped" in rest, rest
+
+
+def test_ctrl_c_stops_the_dashboard_even_when_its_shell_ignored_sigint(tmp_path: Path) -> None:
+    """A background job of a non-interactive shell (`make test &`, `make dashboard &` in a script) starts
+    with SIGINT ignored, exec keeps it ignored, and Python then raises no KeyboardInterrupt: the browser
+    test's server outlived its Ctrl-C that way in CI, the suite having been started in the background."""
+    (tmp_path / "trackio").mkdir()
+    (tmp_path / "trackio" / f"{dashboard.PROJECT}.db").touch()
+    ignoring = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    server = start_dashboard(tmp_path, launcher=[sys.executable, "-c", ignoring])
+    first = server.stdout.readline()
+    rest = ctrl_c(server, wait=10)
+    assert "(Ctrl-C stops it)" in first, first + rest
+    assert server.returncode == 0 and rest == "dashboard stopped\n", rest
+
+
+def start_dashboard(runs: Path, launcher: list[str] = ()) -> subprocess.Popen:
+    """`analyze.py --dashboard runs` on a free port, started through `launcher`, its console piped."""
+    command = [*launcher, sys.executable, "analyze.py", "--dashboard", str(runs), "--port", str(free_port())]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def ctrl_c(server: subprocess.Popen, wait: float = 30) -> str:
+    """Ctrl-C to the server; the rest of its console. A server still up after `wait` seconds is killed (never
+    left behind), and its console then lacks `dashboard stopped`."""
+    server.send_signal(signal.SIGINT)
+    try:
+        return server.communicate(timeout=wait)[0]
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return server.communicate()[0]
 
 
 def free_port() -> int:

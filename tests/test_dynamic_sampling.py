@@ -374,7 +374,7 @@ def test_train_py_filters_with_the_ocaml_reward_and_logs_every_completion_marked
     ]
     argv += [*("--batch-size", "2", "--num-generations", "2", "--max-completion", "12", "--max-steps", "2")]
     argv += [*("--lora-r", "4", "--lora-alpha", "8", "--eval-steps", "none", "--save-steps", "2")]
-    argv += ["--dynamic-sampling", "filter", "--dynamic-max-rounds", "1"]
+    argv += ["--dynamic-sampling", "filter", "--dynamic-max-rounds", "1", "--report-to", "none"]
     assert main(argv, environ={}) == 0
     log = (out / "learning.log").read_text(encoding="utf-8")
     assert "# dynamic sampling: filter; groups whose rewards all tie (within 1e-06) are dropped" in log

@@ -258,7 +258,7 @@ def test_a_failing_compile_asked_for_stops_the_run_with_one_line(
     flags = [
         *("--model-id", str(tiny_model), "--training-dataset", str(BUNDLED_PROBLEMS)),
         *("--output-dir", str(tmp_path), "--max-steps", "2", "--batch-size", "2", "--num-generations", "2"),
-        *("--max-completion", "8", "--generation", "compiled", "--eval-steps", "none"),
+        *("--max-completion", "8", "--generation", "compiled", "--eval-steps", "none", "--report-to", "none"),
     ]
     assert train.main(flags, environ={}) == 2
     err = capsys.readouterr().err

@@ -615,3 +615,61 @@ def test_a_non_finite_gradient_skips_its_update_and_says_so(poison: float, tmp_p
     after = list(model.parameters())
     assert all(torch.isfinite(p).all() and not torch.equal(a, p) for a, p in zip(before, after, strict=True))
     assert len(lines) == 1
+
+
+def test_a_real_trainer_step_with_an_infinite_gradient_leaves_the_weights_and_says_so(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """Real TRL, as train.py wires it: backward puts an inf into one weight's gradient at step 1, the Trainer
+    clips (which makes every gradient nan), the guard drops the update; step 2 trains as usual."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    lines: list[str] = []
+    weights: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Weights(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            weights[state.global_step] = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def length_reward(completions, **kwargs) -> list[float]:  # groups that differ, so that a step learns
+        return [len(c) % 5 / 4 for c in completions]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        learning_rate=1e-2,
+    )
+    trainer = GRPOTrainer(
+        model=str(tiny_model),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": f"let f{i} x ="} for i in range(8)]),
+        processing_class=AutoTokenizer.from_pretrained(tiny_model),
+        callbacks=[monitor.SkipNonFiniteUpdates(lines.append), Weights()],
+    )
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    poisoned = trainer.model.model.layers[0].mlp.up_proj.weight
+    poisoned.register_hook(
+        lambda grad: (
+            grad.index_fill(0, torch.tensor([0]), math.inf) if trainer.state.global_step == 0 else grad
+        )
+    )
+    trainer.train()
+
+    assert all(torch.equal(initial[n], w) for n, w in weights[1].items())  # step 1: nothing moved
+    assert len(lines) == 1 and lines[0].startswith(
+        "WARNING [Epoch 0.00] step 1: the gradient is not finite (nan or inf), so this update was skipped"
+    ), lines
+    moved = [n for n, w in weights[2].items() if not torch.equal(initial[n], w)]
+    assert moved and all(torch.isfinite(w).all() for w in weights[2].values())  # step 2 trained

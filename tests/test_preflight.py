@@ -11,7 +11,7 @@ import torch
 import preflight
 import settings
 import train
-from conftest import STATUSES, check_lines
+from conftest import STATUSES, check_lines, run_train_py
 from problems import BUNDLED_PROBLEMS, ROOT
 
 
@@ -127,8 +127,37 @@ def test_an_unreadable_model_config_fails_once_and_skips_the_sampler(tmp_path: P
     assert all(line.startswith(STATUSES) for line in lines), out  # nothing but the checks' own lines
     assert verdict.startswith("2 check(s) failed"), out  # the tokenizer and the model, from one cause
     by_name = {line[6:].split(":")[0]: line for line in lines}
-    assert by_name["model"].startswith(f"FAIL  model: GRPO_MODEL_ID={str(model)!r}: cannot read its config")
+    assert by_name["model"].startswith(f"FAIL  model: GRPO_MODEL_ID={str(model)!r}: cannot load its config (")
     assert (
         by_name["sampler"]
         == "skip  sampler: needs the model's config (the model line says why it cannot be read)"
     )
+
+
+def test_offline_the_hub_lines_name_the_offline_route(tmp_path: Path) -> None:
+    """A new user's first `make check` on a box without the hub (HF_HUB_OFFLINE here, an empty cache): the
+    tokenizer, training data and model lines say the hub cannot be reached and name the way forward, in one
+    line each, instead of the libraries' connection errors."""
+    import hub
+    from real_model import MODELS
+
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "GRPO_OUTPUT_DIR": str(tmp_path / "out")}
+    done = run_train_py(["--check", "--eval-steps", "none"], env=env, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = check_lines(done.stdout)
+    model = f"GRPO_MODEL_ID={settings.TrainConfig().model_id!r}"
+    unreachable = "the Hugging Face hub cannot be reached and it is not cached; offline, "
+    assert lines["tokenizer"] == f"FAIL  tokenizer: {model}: cannot load its tokenizer: {unreachable}" + (
+        f"`make real-model` builds the real Qwen2.5-Coder-0.5B: GRPO_MODEL_ID={hub.REAL_MODEL_FOLDER}"
+    )
+    assert lines["model"] == lines["tokenizer"].replace("tokenizer", "model", 1).replace(
+        "its tokenizer", "its config"
+    )
+    data = f"TRAINING_DATASET={settings.TrainConfig().training_dataset!r}"
+    assert lines["training data"] == (
+        f"FAIL  training data: {data}: cannot load it: {unreachable}the bundled problems: "
+        "TRAINING_DATASET=data/problems.jsonl"
+    )
+    assert str(MODELS["0.5b"].folder.relative_to(ROOT)) == hub.REAL_MODEL_FOLDER
+    assert (ROOT / "data" / "problems.jsonl").is_file()
+    assert "https://" not in done.stdout

@@ -154,7 +154,7 @@ def test_training_leaves_broken_problems_out_and_says_so(tmp_path, tiny_model, o
     settings = [
         *("--model-id", str(tiny_model), "--training-dataset", str(data), "--output-dir", str(out)),
         *("--batch-size", "2", "--num-generations", "2", "--max-completion", "8", "--max-steps", "1"),
-        *("--lora-r", "4", "--lora-alpha", "8", "--eval-steps", "none"),
+        *("--lora-r", "4", "--lora-alpha", "8", "--eval-steps", "none", "--report-to", "none"),
     ]
     assert main(settings, environ={}) == 0
     log = (out / "learning.log").read_text()

@@ -1,5 +1,5 @@
 """The real model tier: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M weights, converted by `make real-model`) through
-the tokenizer and chat template, the reward, `train.py --check`, two GRPO steps, evaluate.py and the run
+the tokenizer and chat template, the reward, `train.py --check`, a GRPO step, evaluate.py and the run
 report. Skipped, with one reason, where the converted folder is absent; `.ci/run` makes it first. What the
 model did is printed after the run's summary (conftest.REAL_MODEL_FIGURES)."""
 
@@ -89,6 +89,9 @@ def test_real_completions_are_read_by_the_reward_as_the_model_meant_them() -> No
         "stages of 8 held-out completions (384 tokens, temperature 0.9): "
         + ", ".join(f"{stage} {shares[stage]}" for stage in STAGES if shares[stage])
     )
+    # The real model writes OCaml the toolchain reads: some completions end and parse (at 256 tokens the
+    # base model's held-out completions: 27% gated, 41% syntax errors, 32% parsed).
+    assert shares["gated"] < len(rows) and sum(shares[s] for s in STAGES[STAGES.index("type_error") :]) >= 1
     lost = [
         (r["problem_id"], r["stage"], r["completion"][:300])
         for r in rows
@@ -108,19 +111,30 @@ def test_check_passes_with_the_real_model_and_its_gguf_file(run_python, tmp_path
         assert lines["model"].startswith(f"ok    model: {model}: 0.63B parameters"), lines["model"]
 
 
-def test_two_grpo_steps_then_the_adapter_in_evaluate_and_the_run_report(run_python, tmp_path: Path) -> None:
+def test_a_grpo_step_trains_the_adapter_then_evaluate_and_the_run_report(run_python, tmp_path: Path) -> None:
+    """A GRPO step of 1 prompt x 4 completions of up to 128 tokens: the real model's completions end and
+    score apart there (at 2 x 2 completions of 64 tokens the groups can all tie, and then nothing is
+    learned), so the adapter's LoRA B matrices, zero as PEFT starts them, are trained. One step costs about
+    what the two steps of 2 x 2 completions of 64 tokens did."""
+    from safetensors.torch import load_file
+
     out = tmp_path / "run"
     flags = [
         *("--model-id", str(MODEL), "--training-dataset", str(DEMO_PROBLEMS), "--output-dir", str(out)),
-        *("--max-steps", "2", "--batch-size", "2", "--num-generations", "2", "--max-completion", "64"),
-        *("--eval-steps", "none", "--report-to", "none", "--save-steps", "2"),
+        *("--max-steps", "1", "--batch-size", "1", "--num-generations", "4", "--max-completion", "128"),
+        *("--eval-steps", "none", "--report-to", "none", "--save-steps", "1"),
     ]
     done = run_python("train.py", *flags, env=user_environment(), timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [line for line in (out / "learning.log").read_text().splitlines() if line.startswith("[Epoch")]
-    assert len(steps) == 2 and all("reward=" in line for line in steps), steps
-    REAL_MODEL_FIGURES.extend(f"two GRPO steps (2 x 2 completions, 64 tokens): {line}" for line in steps)
-    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert len(steps) == 1 and "reward=" in steps[0], steps
+    REAL_MODEL_FIGURES.append(f"a GRPO step (1 x 4 completions, 128 tokens): {steps[0]}")
+    assert "frac_zero_std=0.00" in steps[0], steps  # its group's rewards differ
+    lora_b = {
+        n: w for n, w in load_file(out / "adapter" / "adapter_model.safetensors").items() if "lora_B" in n
+    }
+    trained = [n for n, w in lora_b.items() if w.abs().max() > 0]
+    assert lora_b and len(trained) == len(lora_b), f"{len(trained)} of {len(lora_b)} LoRA B matrices trained"
 
     evaluated = tmp_path / "eval"
     env = user_environment({"GRPO_MAX_COMPLETION": "48"})
@@ -149,27 +163,53 @@ def test_two_grpo_steps_then_the_adapter_in_evaluate_and_the_run_report(run_pyth
     assert shown, "no real completion is shown whole in the report's examples"
 
 
-def test_the_gguf_file_samples_what_its_converted_folder_samples(run_python, tmp_path: Path) -> None:
-    """A GGUF file works as a model id, dequantized on load into the very weights make real-model saved."""
-    args = [
-        str(MODEL),
-        str(GGUF),
-        "--problems",
-        str(DEMO_HELDOUT),
-        "-n",
-        "2",
-        "-k",
-        "2",
-        "--out-dir",
-        str(tmp_path),
-    ]
-    done = run_python("evaluate.py", *args, env=user_environment({"GRPO_MAX_COMPLETION": "24"}), timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    folder, gguf = (
-        [
-            json.loads(line)["completion"]
-            for line in (tmp_path / f"eval_{name}.jsonl").read_text().splitlines()
-        ]
-        for name in (MODEL.name, GGUF.name)
-    )
-    assert folder == gguf and len(folder) == 4
+# llama.cpp's tensor names -> transformers' Qwen2 names
+GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output.weight": "lm_head.weight",
+    "output_norm.weight": "model.norm.weight",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+
+
+def transformers_name(gguf_name: str) -> str:
+    if gguf_name in GGUF_NAMES:
+        return GGUF_NAMES[gguf_name]
+    _, layer, part, kind = gguf_name.split(".")  # blk.11.ffn_down.weight
+    return f"model.layers.{layer}.{GGUF_NAMES[part]}.{kind}"
+
+
+def test_the_gguf_file_loads_and_converts_into_the_weights_the_gguf_package_reads_from_it() -> None:
+    """The project's GGUF load (models.load_causal_lm, dequantized to bf16) and make real-model's converted
+    folder hold, for the first and last tensor of each quantization type in the file (and the untied
+    output layer), what the gguf package's own reader dequantizes from the file, rounded to bf16."""
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from safetensors import safe_open
+
+    from models import load_causal_lm
+
+    by_type: dict[str, list] = {}
+    for tensor in GGUFReader(GGUF).tensors:
+        by_type.setdefault(tensor.tensor_type.name, []).append(tensor)
+    assert {"Q4_K", "Q5_0", "Q6_K", "Q8_0", "F32"} <= set(by_type), sorted(by_type)  # Q4_K_M's mix
+    picked = {t.name: t for tensors in by_type.values() for t in (tensors[0], tensors[-1])}
+    picked |= {t.name: t for t in by_type["Q8_0"] if t.name == "output.weight"}
+    loaded = load_causal_lm(str(GGUF)).state_dict()
+    with safe_open(MODEL / "model.safetensors", framework="pt") as folder:
+        for name, tensor in picked.items():
+            expected = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy()).to(torch.bfloat16)
+            for source, weights in (
+                ("GGUF load", loaded[transformers_name(name)]),
+                ("folder", folder.get_tensor(transformers_name(name))),
+            ):
+                assert weights.dtype == torch.bfloat16 and torch.equal(weights, expected), (source, name)

@@ -59,6 +59,7 @@ def test_the_loss_is_on_the_answer_in_the_format_the_reward_pays_for(
 def test_sft_then_grpo_continues_its_adapter(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     common = ["--model-id", str(tiny_model), "--output-dir", str(out), "--lora-r", "4", "--lora-alpha", "8"]
+    common += ["--report-to", "none"]
     sft = [*common, "--sft", "--training-dataset", str(sft_rows(tmp_path)), "--sft-max-steps", "3"]
     assert main([*sft, "--sft-batch-size", "2", "--sft-learning-rate", "1e-2"], environ={}) == 0
 
