@@ -331,8 +331,8 @@ def serve(root: Path, port: int | None = None) -> int:
         except (ConfigError, OSError) as err:  # OSError: the port is taken
             print(f"error: {err}", file=sys.stderr)
             return 2
-        print(f"Dashboard of {', '.join(projects)} at {url}  (Ctrl-C stops it)", flush=True)
-        try:
+        try:  # from here on: a Ctrl-C the moment the line is out lands here too
+            print(f"Dashboard of {', '.join(projects)} at {url}  (Ctrl-C stops it)", flush=True)
             while True:
                 time.sleep(1)
         except KeyboardInterrupt:

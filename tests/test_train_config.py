@@ -267,7 +267,7 @@ def test_envrc_holds_the_seeds_recommendations_with_the_real_models_learning_rat
 
 def test_model_folder_without_tokenizer_is_one_line(tmp_path, capsys) -> None:
     (tmp_path / "config.json").write_text("{}")
-    argv = ["--model-id", str(tmp_path), "--training-dataset", "data/problems.jsonl"]
+    argv = ["--model-id", str(tmp_path), "--training-dataset", "data/problems.jsonl", "--report-to", "none"]
     assert main([*argv, "--output-dir", str(tmp_path / "run")], environ={}) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: GRPO_MODEL_ID={str(tmp_path)!r}: cannot load its tokenizer (")

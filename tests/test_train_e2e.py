@@ -78,7 +78,7 @@ def test_demo_warm_starts_then_learns_and_writes_every_output(tmp_path: Path) ->
     console = result.stdout + result.stderr
     assert not re.search(r"Warning|\{'loss'|Writing model shards|Loading weights", console), console[-3000:]
     # piped, as in CI or `make demo | tee`: one line per step, not a progress bar's carriage-return frames
-    assert "\r" not in console and max(map(len, console.splitlines())) < 400, console[-3000:]
+    assert "\r" not in console, console[-3000:]
     assert f"Outputs in {out.resolve()}/" in result.stdout
     assert re.search(
         r"^Status: (green|yellow|red)\nDecision: (continue|adjust|stop)\nPlots: .*analysis_reward\.png",
