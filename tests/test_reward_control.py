@@ -61,7 +61,8 @@ def test_a_control_run_trains_and_says_what_it_is(tiny_model: Path, tmp_path: Pa
         str(BUNDLED_PROBLEMS),
     ]
     flags += ["--batch-size", "2", "--num-generations", "2", "--max-completion", "16", "--max-steps", "2"]
-    assert main([*flags, "--reward-control", "shuffled", "--eval-steps", "none"], environ={}) == 0
+    flags += ["--eval-steps", "none", "--report-to", "none"]  # trackio would set TRACKIO_DIR in this process
+    assert main([*flags, "--reward-control", "shuffled"], environ={}) == 0
     log = (out / "learning.log").read_text(encoding="utf-8")
     assert "| `GRPO_REWARD_CONTROL` | `shuffled` |" in (out / "adapter" / "README.md").read_text(
         encoding="utf-8"
