@@ -27,6 +27,11 @@ worth shows in the bf16 matmul rate printed first at one thread and at torch's d
     .venv/bin/python bench/cpu_step.py                    # the real 0.5B (make real-model first)
     .venv/bin/python bench/cpu_step.py --arms after --steps 3
     .venv/bin/python bench/cpu_step.py --tiny             # the tiny random model in bf16: a smoke run
+    .venv/bin/python bench/cpu_step.py --sft --steps 4    # train.py --sft's steps instead (SFT_BATCH_SIZE 4)
+
+With --sft each arm is `train.py --sft` (the supervised warm start on the bundled problems' reference
+solutions, its defaults): seconds and tokens/s per optimizer step against the update's limit, counted the
+same way (the LM head for the answer tokens only, where the loss is; TRL's SFT computes it everywhere).
 """
 
 import argparse
@@ -43,7 +48,7 @@ from unittest import mock
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from trl import GRPOTrainer
+from trl import GRPOTrainer, SFTTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -159,6 +164,26 @@ def run(name: str, flags: list[str], out: Path) -> list[dict]:
     return steps
 
 
+def sft_run(name: str, flags: list[str], out: Path) -> list[dict]:
+    """train.py --sft's run under arm `name`: per optimizer step its seconds (SFTTrainer.training_step,
+    timed), tokens (all) and answer tokens (those with a label)."""
+    seconds, tokens, answer = defaultdict(float), defaultdict(int), defaultdict(int)
+    original = SFTTrainer.training_step
+
+    def counted(trainer, model, inputs, *args, **kwargs):
+        step = trainer.state.global_step + 1
+        tokens[step] += int(inputs["attention_mask"].sum())
+        answer[step] += int((inputs["labels"] != -100).sum()) if "labels" in inputs else 0
+        return original(trainer, model, inputs, *args, **kwargs)
+
+    with arm(name), mock.patch.object(SFTTrainer, "training_step", timed(counted, seconds)):
+        if train.main(["--sft", *flags, "--output-dir", str(out)], environ={}) != 0:
+            raise SystemExit(1)
+    return [
+        {"step": n, "update": seconds[n], "tokens": tokens[n], "answer": answer[n]} for n in sorted(seconds)
+    ]
+
+
 def step_line(name: str, step: dict, limit: dict) -> str:
     completions = PROMPTS * GENERATIONS
     completion_tokens = step["completions/mean_length"] * completions
@@ -176,6 +201,32 @@ def step_line(name: str, step: dict, limit: dict) -> str:
     )
 
 
+def sft_summary(name: str, steps: list[dict], sizes: dict[str, int], rate: float, load: float) -> dict:
+    """Print each SFT step against the update's limit; the means of the steps after the first."""
+    for step in steps:
+        limit = (4 * sizes["body"] * step["tokens"] + 4 * sizes["head"] * step["answer"]) / rate
+        print(
+            f"{name} SFT step {step['step']}: {step['update']:.1f} s ({step['tokens'] / step['update']:.0f} "
+            f"tokens/s; limit {limit:.1f} s, {step['update'] / limit:.1f}x); {step['tokens']} tokens, "
+            f"{step['answer']} of them answer tokens",
+            flush=True,
+        )
+    timed_steps = steps[1:] or steps
+    seconds, tokens = sum(s["update"] for s in timed_steps), sum(s["tokens"] for s in timed_steps)
+    return {"s a step": seconds / len(timed_steps), "tokens/s": tokens / seconds, "load": load}
+
+
+def print_sft_table(summary: dict[str, dict]) -> None:
+    print("\nMeans of the steps after the first; load: the 1-minute load average when the arm started")
+    print("\n| arm | SFT s a step | tokens/s | load |")
+    print("|---|---|---|---|")
+    for name, row in summary.items():
+        print(f"| {name} | {row['s a step']:.1f} | {row['tokens/s']:.0f} | {row['load']:.1f} |")
+    if len(summary) == 2:
+        ratio = summary["after"]["tokens/s"] / summary["before"]["tokens/s"]
+        print(f"\nafter / before tokens/s: {ratio:.2f}x")
+
+
 def bf16_tiny_model(path: Path) -> Path:
     """The demo's tiny model, saved in bf16 so that the smoke run takes the real model's path."""
     folder = demo.build_tiny_model(path.parent / "tiny-float32")
@@ -188,6 +239,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per arm")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--sft", action="store_true", help="time train.py --sft's steps instead of GRPO's")
     parser.add_argument(
         "--tiny",
         action="store_true",
@@ -206,9 +258,10 @@ def main() -> int:
         flags = [
             *("--model-id", str(model_dir), "--training-dataset", str(BUNDLED_PROBLEMS)),
             *("--max-steps", str(args.steps), "--save-steps", str(args.steps + 1), "--eval-steps", "none"),
+            *("--sft-max-steps", str(args.steps)),
             *("--report-to", "none"),
             *SHAPE,
-            *("--max-completion", str(max_completion)),
+            *(() if args.sft else ("--max-completion", str(max_completion))),  # SFT's answers: the default
         ]
         sizes = model_sizes(model_dir)
         model = "tiny random model (--tiny)" if args.tiny else "real Qwen2.5-Coder-0.5B (Q4_K_M, in bf16)"
@@ -236,6 +289,9 @@ def main() -> int:
                 f"at {read_rate / 1e9:.1f} GB/s",
                 flush=True,
             )
+            if args.sft:
+                summary[name] = sft_summary(name, sft_run(name, flags, Path(tmp) / name), sizes, rate, load)
+                continue
             steps = run(name, flags, Path(tmp) / name)
             for step in steps:
                 print(step_line(name, step, limits(step, sizes, rate, read_rate, 2)), flush=True)
@@ -247,6 +303,9 @@ def main() -> int:
             )
             summary[name]["load"] = (load + os.getloadavg()[0]) / 2
 
+    if args.sft:
+        print_sft_table(summary)
+        return 0
     means = f"steps 2-{args.steps} (step 1 a warm-up)" if args.steps > 1 else "the one step"
     print(f"\nMeans of {means}; seconds; load: the 1-minute load average")
     print("\n| arm | s a completion | sampling s | reward s | update s | load |")
