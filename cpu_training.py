@@ -1,12 +1,13 @@
 """What makes a GRPO or SFT step of a bf16 model fast on the CPU, where users without a GPU (and every
 measurement of the real model on the project's 2-core box) train; nothing here changes a run on a GPU.
 
-Measured on the real Qwen2.5-Coder-0.5B by bench/cpu_step.py (BENCHMARKS.md), each change against TRL's and
+Measured together on the real Qwen2.5-Coder-0.5B by bench/cpu_step.py (BENCHMARKS.md), against TRL's and
 transformers' own CPU path:
 
 - bf16 autocast in the update (`bf16_autocast`). train.py loads the weights in bf16, but on the CPU TRL ran
-  without autocast, so PEFT multiplied every LoRA in float32 (its adapters are float32): 196 float32 GEMMs
-  and as many casts of the activations per forward, at a quarter of the bf16 matrix rate. Under autocast the
+  without autocast, so PEFT multiplied every LoRA in float32 (its adapters are float32): two small float32
+  GEMMs per LoRA (336 a forward of the 0.5B) and casts of the activations to float32 and back, at about a
+  quarter of the bf16 matrix rate. Under autocast the
   LoRA is multiplied in bf16 from its float32 weights, as on a GPU; the optimizer still holds float32.
   Sampling multiplies it the same way (generation.PlainSampler), so both compute one policy. PEFT's cast
   of each LoRA's input to float32 (which autocast casts back) is switched off (`fast_kernels`).
