@@ -509,20 +509,70 @@ class CompiledSampler:
         generation_config: GenerationConfig,
     ) -> torch.Tensor:
         """Log-probabilities (batch, completion length) that this sampler's distribution gives
-        `completion_ids` after the prompts: the completions are forced token by token through `generate`
-        (same weights, cache and compiled step as sampling) and each step's logits divided by the
-        temperature, as TRL's trainer scores them. Measures that the sampler samples the policy trained."""
-        config = copy.deepcopy(generation_config)
-        config.max_new_tokens = completion_ids.shape[1]
-        config.eos_token_id = None  # an end token inside the forced completion must not stop it
+        `completion_ids` after the prompts (forced_logprobs), through the same weights, cache and compiled
+        step as sampling. Measures that the sampler samples the policy trained."""
         rows = completion_ids.shape[0]
         if self.batch_size is not None and rows < self.batch_size:
             completion_ids = padded_rows(completion_ids, self.batch_size)
-        forced = _ForcedTokens(completion_ids, input_ids.shape[1], config.temperature)
-        self.generate(
-            model, input_ids, attention_mask, config, logits_processor=LogitsProcessorList([forced])
-        )
-        return torch.cat(forced.logprobs, dim=1)[:rows]
+        generate = functools.partial(self.generate, model)
+        return forced_logprobs(generate, input_ids, attention_mask, completion_ids, generation_config)[:rows]
+
+
+class PlainSampler:
+    """TRL's plain sampling (`generate` on the PEFT model, dynamic cache, no compile) in the sampler's model
+    state (sampling_state: eval mode, so no LoRA dropout) and, where the base weights are bf16, with the LoRA
+    multiplied from bf16 copies refreshed every call (lora_in_base_dtype): what the trainer's forward
+    computes under bf16 autocast. train.py installs it on the CPU when the update runs under bf16 autocast
+    there (cpu_training.bf16_autocast), so that sampling and the update compute one policy; float32 LoRA
+    GEMMs and casts in every decoding step are what it saves."""
+
+    def __init__(self) -> None:
+        self.lora_copies: dict[torch.nn.Parameter, torch.Tensor] = {}
+
+    def install(self, model: PeftModel) -> None:
+        """Make this sampler `model.generate`, as CompiledSampler.install does."""
+        model.generate = functools.partial(self.generate, model)
+
+    def generate(
+        self,
+        model: PreTrainedModel | PeftModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        generation_config: GenerationConfig,
+        **kwargs,
+    ):
+        with lora_in_base_dtype(model, self.lora_copies):
+            return plain_generate(model, input_ids, attention_mask, generation_config, **kwargs)
+
+    def token_logprobs(
+        self,
+        model: PreTrainedModel | PeftModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        generation_config: GenerationConfig,
+    ) -> torch.Tensor:
+        """As CompiledSampler.token_logprobs, through this sampler's own path."""
+        generate = functools.partial(self.generate, model)
+        return forced_logprobs(generate, input_ids, attention_mask, completion_ids, generation_config)
+
+
+def forced_logprobs(
+    generate: Callable[..., torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    generation_config: GenerationConfig,
+) -> torch.Tensor:
+    """Log-probabilities (batch, completion length) that `generate`'s distribution gives `completion_ids`
+    after the prompts: the completions are forced token by token through `generate` and each step's logits
+    divided by the temperature, as TRL's trainer scores them."""
+    config = copy.deepcopy(generation_config)
+    config.max_new_tokens = completion_ids.shape[1]
+    config.eos_token_id = None  # an end token inside the forced completion must not stop it
+    forced = _ForcedTokens(completion_ids, input_ids.shape[1], config.temperature)
+    generate(input_ids, attention_mask, config, logits_processor=LogitsProcessorList([forced]))
+    return torch.cat(forced.logprobs, dim=1)
 
 
 def padded_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:

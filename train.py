@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import cpu_training
 import dashboard
 import demo
 import envflags
@@ -161,6 +162,7 @@ def grpo_args(cfg: TrainConfig, use_bf16: bool):
         # default, on; train() settles it once the model and the device are known.
         activation_checkpointing=cfg.gradient_checkpointing != "off",
         bf16=use_bf16,
+        use_cpu=use_bf16 and cpu_training.on_cpu(),  # transformers allows bf16 on the CPU only when told
         dataloader_pin_memory=torch.cuda.is_available(),  # pinning is for copies to a GPU
         # Every LoRA weight takes part in every forward pass; transformers would otherwise have DDP search for
         # unused ones whenever checkpointing is off (and torch warn that it found none).
@@ -218,8 +220,6 @@ def train(
     check_few_shot(cfg)
     tracking = dashboard.keep_local(cfg)  # before TRL imports trackio, which reads its folder once
 
-    import torch
-
     import generation
     from dynamic_sampling import DynamicSamplingTrainer, describe
     from health_bands import PROFILES
@@ -227,7 +227,8 @@ def train(
 
     quiet_libraries()
     # GRPOConfig sets up the distributed state, so it comes before anything that asks for the main process.
-    args = grpo_args(cfg, use_bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    use_bf16 = cpu_training.model_bf16_autocast(cfg.model_id)
+    args = grpo_args(cfg, use_bf16=use_bf16)
     is_main = args.process_index == 0
     log_path, metrics_path = output_dir / "learning.log", output_dir / "metrics.jsonl"
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -243,6 +244,8 @@ def train(
     )
     if tracking:
         note(tracking)
+    if cpu_training.on_cpu():
+        cpu_training.use_free_cores(note)
 
     problems = load_problems(cfg.training_dataset, warn=note, to_train=True)
     # The main process checks the training and held-out problems first; the others read its cached verdicts.
@@ -306,6 +309,8 @@ def train(
                 cfg.max_prompt_length, round_rows(cfg), asked=asked, log=note, warn=write_line
             )
             sampler.install(trainer.model)
+        elif use_bf16 and cpu_training.on_cpu():  # sampling multiplies the LoRA in bf16, as the update does
+            generation.PlainSampler().install(trainer.model)
         # The step line first, then the monitor's WARNING/OK lines about it, then an evaluation's line.
         lines = use_step_lines(
             trainer, log_path, metrics_path, lambda logs: format_log_line(logs, reward.__name__)
@@ -332,7 +337,8 @@ def train(
 
             trainer.add_callback(held_out_evaluation(held_out, tokenizer, cfg, record))
         trainer.add_callback(model_card_callback(output_dir, card))
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        with cpu_training.fast_kernels(trainer.model, use_bf16):
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         trainer.save_model(str(adapter_dir))
     finally:  # also when an error stops the run: no bar left half drawn, no trackio run left open
         if lines:
@@ -412,7 +418,8 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
         per_device_eval_batch_size=cfg.sft_batch_size,
         report_to=cfg.report_to,
         seed=cfg.seed,
-        bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        bf16=(use_bf16 := cpu_training.model_bf16_autocast(cfg.model_id)),
+        use_cpu=use_bf16 and cpu_training.on_cpu(),
         activation_checkpointing=checkpointing,
         dataloader_pin_memory=torch.cuda.is_available(),
         ddp_find_unused_parameters=False,
@@ -452,10 +459,13 @@ def sft(cfg: TrainConfig, sources: Mapping[str, str]) -> Path:
         write_header(log_path, cfg, sources, None, program="train.py --sft")
     if tracking := dashboard.keep_local(cfg):  # before TRL imports trackio
         note(tracking)
+    if cpu_training.on_cpu():
+        cpu_training.use_free_cores(note)
     trainer = sft_trainer(cfg, note)
     board = dashboard.install(trainer, f"{Path(cfg.output_dir).name}-sft", dataclasses.asdict(cfg))
     use_step_lines(trainer, log_path, metrics_path, format_sft_line, console_lines=20)
-    trainer.train()
+    with cpu_training.fast_kernels(trainer.model, trainer.args.bf16):
+        trainer.train()
     if board:
         board.finish()
     trainer.save_model(str(final))

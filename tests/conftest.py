@@ -199,9 +199,9 @@ def compile_notes(log: list[str]) -> list[str]:
 # The sampler against the trainer's forward
 
 # Max |sampler - trainer| per-token log-probability. Measured on the 2-core development machine: 1e-6 in
-# float32, 2.2e-3 in bf16 (bf16 base weights; the trainer's float32 LoRA against the sampler's bf16 copy of
-# it; the GPU adds bf16 autocast: bench/train_step.py measures it there). The LoRA given an effect moves
-# them by 0.39.
+# float32, 2.2e-3 in bf16 (bf16 base weights; the sampler's bf16 copy of the LoRA against the trainer's
+# forward, which runs under bf16 autocast where the CPU has bf16 kernels, as on a GPU, and multiplies the
+# float32 LoRA elsewhere: cpu_training.bf16_autocast). The LoRA given an effect moves them by 0.39.
 LOGPROB_TOLERANCE = {"float32": 1e-4, "bf16": 0.03}
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

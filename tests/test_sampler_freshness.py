@@ -14,10 +14,11 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOTrainer
 
+import cpu_training
 import train
 from bench.train_step import give_lora_an_effect, trainer_logprobs
 from conftest import LOGPROB_TOLERANCE, solution_batch
-from generation import CompiledSampler
+from generation import CompiledSampler, PlainSampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread", "fresh_dynamo")
 
@@ -42,7 +43,7 @@ def lora_trainer(tiny_model: Path, output_dir: Path, dtype: torch.dtype) -> GRPO
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype),
         reward_funcs=[zero_reward],
-        args=train.grpo_args(cfg, use_bf16=False),  # what train.py passes on a CPU
+        args=train.grpo_args(cfg, use_bf16=cpu_training.bf16_autocast(dtype)),  # what train.py passes here
         train_dataset=Dataset.from_list([{"prompt": "let f x ="}] * 4),
         processing_class=AutoTokenizer.from_pretrained(tiny_model),
         peft_config=train.lora_config(cfg),
@@ -55,11 +56,14 @@ def lora_trainer(tiny_model: Path, output_dir: Path, dtype: torch.dtype) -> GRPO
 
 
 def optimizer_step(trainer: GRPOTrainer, ids: torch.Tensor, mask: torch.Tensor, lr: float) -> None:
-    """One AdamW step of the LoRA on the prompts' language-model loss: every LoRA weight moves by about lr."""
+    """One AdamW step of the LoRA on the prompts' language-model loss, under the trainer's autocast as its
+    forward runs: every LoRA weight moves by about lr."""
     model = trainer.model
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     model.train()
-    model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss.backward()
+    with trainer.accelerator.autocast():
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+    loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 
@@ -98,6 +102,33 @@ def test_after_an_optimizer_step_the_sampler_samples_the_new_weights(
     lora_weights = [p for name, p in model.named_parameters() if "lora_" in name]
     assert len(addresses) == (len(lora_weights) if dtype == torch.bfloat16 else 0)
     assert {id(weight): copy.data_ptr() for weight, copy in sampler.lora_copies.items()} == addresses
+    assert all(weight.dtype == torch.float32 for weight in sampler.lora_copies)  # the trained ones kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
+def test_plain_sampling_on_the_cpu_samples_what_the_trainer_trains(
+    tiny_model: Path, tmp_path: Path, dtype: torch.dtype
+) -> None:
+    """train.py's CPU sampler (the LoRA multiplied in bf16 for bf16 weights, eval mode) against the trainer's
+    forward under the run's autocast and the run's CPU kernels (cpu_training.fast_kernels: the LM head on the
+    completion positions only, plain attention heads), before and after an optimizer step."""
+    trainer = lora_trainer(tiny_model, tmp_path, dtype)
+    model, config = trainer.model, trainer.generation_config
+    ids, mask, completion = solution_batch(trainer.processing_class, trainer.model.device)
+    sampler = PlainSampler()
+    with cpu_training.fast_kernels(model, trainer.args.bf16):
+        for step in range(2):
+            sampled = sampler.token_logprobs(model, ids, mask, completion, config)
+            trained = trainer_logprobs(trainer, ids, mask, completion)
+            with model.disable_adapter():
+                effect = max_difference(trainer_logprobs(trainer, ids, mask, completion), trained)
+            gap = max_difference(sampled, trained)
+            print(f"\n{dtype}, step {step}: max |sampler - trainer| {gap:.2e}; LoRA's effect {effect:.2f}")
+            assert gap < TOLERANCE[dtype]
+            assert effect > 10 * TOLERANCE[dtype]
+            optimizer_step(trainer, ids, mask, lr=1e-2)
+    lora_weights = [p for name, p in model.named_parameters() if "lora_" in name]
+    assert len(sampler.lora_copies) == (len(lora_weights) if dtype == torch.bfloat16 else 0)
     assert all(weight.dtype == torch.float32 for weight in sampler.lora_copies)  # the trained ones kept
 
 

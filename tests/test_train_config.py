@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import cpu_training
 import envflags
 import settings
 from conftest import run_train_py
@@ -51,6 +52,31 @@ def test_seed_batch_of_4_with_6_generations_is_one_round_per_step() -> None:
     assert args.per_device_train_batch_size == 4 and args.num_generations == 6
     assert args.generation_batch_size == 4 * 6
     assert args.gradient_accumulation_steps == args.steps_per_generation == 6
+
+
+@pytest.mark.parametrize(
+    ("cores", "load", "threads"),
+    [(2, 0.3, 2), (2, 0.6, 1), (2, 1.4, 1), (2, 7.6, 1), (16, 3.2, 13), (1, 0.0, 1)],
+)
+def test_threads_are_the_cores_the_load_leaves_free(cores: int, load: float, threads: int) -> None:
+    assert cpu_training.threads_for(cores, load) == threads
+
+
+def test_bf16_autocast_on_this_box_follows_the_weights_dtype() -> None:
+    """On a GPU box as before (the GPU's bf16); on a CPU only for bf16 weights, and only where the CPU has
+    bf16 kernels; a float32 model never trains under bf16 autocast on the CPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        assert cpu_training.bf16_autocast("float32") == torch.cuda.is_bf16_supported()
+        return
+    assert cpu_training.bf16_autocast(torch.float32) is False
+    has_kernels = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert cpu_training.bf16_autocast(torch.bfloat16) is (has_kernels and cpu_training.on_cpu())
+    assert cpu_training.bf16_autocast("bfloat16") is (has_kernels and cpu_training.on_cpu())
+    cfg, _ = parse_config([], {})
+    args = grpo_args(cfg, use_bf16=has_kernels and cpu_training.on_cpu())
+    assert args.bf16 is args.use_cpu  # transformers takes bf16 on the CPU only with use_cpu
 
 
 @pytest.mark.parametrize(("batch", "accum", "generations"), [(3, 1, 8), (5, 2, 7), (1, 1, 2)])

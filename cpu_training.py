@@ -1,0 +1,141 @@
+"""What makes a GRPO or SFT step of a bf16 model fast on the CPU, where users without a GPU (and every
+measurement of the real model on the project's 2-core box) train; nothing here changes a run on a GPU.
+
+Measured together on the real Qwen2.5-Coder-0.5B by bench/cpu_step.py (BENCHMARKS.md), against TRL's and
+transformers' own CPU path:
+
+- bf16 autocast in the update (`bf16_autocast`). train.py loads the weights in bf16, but on the CPU TRL ran
+  without autocast, so PEFT multiplied every LoRA in float32 (its adapters are float32): two small float32
+  GEMMs per LoRA (336 a forward of the 0.5B) and casts of the activations to float32 and back, at about a
+  quarter of the bf16 matrix rate. Under autocast the
+  LoRA is multiplied in bf16 from its float32 weights, as on a GPU; the optimizer still holds float32.
+  Sampling multiplies it the same way (generation.PlainSampler), so both compute one policy. PEFT's cast
+  of each LoRA's input to float32 (which autocast casts back) is switched off (`fast_kernels`).
+- The LM head only where a log-probability is needed (`completion_scoring`). TRL's fused LM head scores
+  every position of a sequence on devices without Triton, so that Neuron's compiler sees one shape; on the
+  CPU that is the prompt's 400-odd positions for every 256 completion ones, each a 151,936-wide row of the
+  head in the forward, again in the backward, and a float32 GEMM of the gradient. The CPU takes the compact
+  path TRL takes on CUDA: the same per-token values at the completion positions.
+- Threads for the cores others leave free (`use_free_cores`): torch starts one per core whatever else
+  runs, and on a shared machine two threads on two busy cores are several times slower than one.
+- Plain attention heads for SDPA (`plain_gqa`). transformers asks SDPA for its grouped-query kernel
+  (`enable_gqa=True`) whenever the attention mask is None (sequences of one length: a group's completions
+  that all ran to the limit, one prompt's samples), and torch's CPU kernel for it is several times slower
+  per call than the plain one on copied key/value heads (issue 33). On the CPU the copy is made, as with a
+  mask; the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from envflags import ConfigError
+from models import load_config
+
+
+def on_cpu() -> bool:
+    """Whether training runs on the CPU: no CUDA device and no Apple GPU."""
+    import torch
+
+    return not torch.cuda.is_available() and not torch.backends.mps.is_available()
+
+
+def threads_for(cores: int, load: float) -> int:
+    """torch's threads on a CPU of `cores` cores whose load average (others' runnable processes) is `load`:
+    one per core the others leave free, at least one. OpenMP's threads wait for each other at the end of
+    every kernel, so a thread that shares its core with another process holds up the rest: on the 2-core
+    box at a load of 7.6, one thread sampled 3.9x and updated 3.0x faster than two (issue 33)."""
+    return max(1, min(cores, cores - math.ceil(load - 0.5)))
+
+
+def use_free_cores(note) -> None:
+    """torch's threads set by threads_for from its threads now (one per physical core unless the process
+    chose fewer, as the demo does) and the 1-minute load average now, with a note saying so;
+    OMP_NUM_THREADS, where set, is the user's choice and is left alone."""
+    import torch
+
+    if "OMP_NUM_THREADS" in os.environ:
+        note(f"CPU threads: {torch.get_num_threads()} (OMP_NUM_THREADS)")
+        return
+    cores, load = torch.get_num_threads(), os.getloadavg()[0]
+    torch.set_num_threads(threads_for(cores, load))
+    note(f"CPU threads: {torch.get_num_threads()} of {cores} (load average {load:.1f} when the run started)")
+
+
+def bf16_autocast(weights_dtype: object) -> bool:
+    """Whether training runs under bf16 autocast: on a GPU with bf16 (as before), and on a CPU with bf16
+    kernels (AVX-512 BF16 or AMX) for weights stored in bf16 (`weights_dtype`: the config's dtype, a torch
+    dtype or its name), where autocast changes only the LoRA's matmuls (from float32 to bf16, as on a GPU).
+    A float32 model on the CPU keeps float32 throughout."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    if not on_cpu() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():  # torch's own check; no public one
+        return False
+    return weights_dtype in (torch.bfloat16, "bfloat16")
+
+
+def model_bf16_autocast(model_id: str) -> bool:
+    """bf16_autocast for the model `model_id`, its config read (no weights loaded). A config that cannot be
+    read says no here: loading the tokenizer and the model reports what is wrong with the folder, in the
+    order a run meets it."""
+    try:
+        return bf16_autocast(load_config(model_id).dtype)
+    except ConfigError:
+        return False
+
+
+@contextmanager
+def plain_gqa() -> Iterator[None]:
+    """transformers' SDPA attention never asks for torch's grouped-query kernel on CPU tensors (the module
+    docstring says why); CUDA and other devices keep transformers' choice."""
+    from transformers.integrations import sdpa_attention
+
+    original = sdpa_attention.use_gqa_in_sdpa
+
+    def use_gqa_in_sdpa(attention_mask, key, value) -> bool:
+        return key.device.type != "cpu" and original(attention_mask, key, value)
+
+    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+    try:
+        yield
+    finally:
+        sdpa_attention.use_gqa_in_sdpa = original
+
+
+@contextmanager
+def completion_scoring() -> Iterator[None]:
+    """TRL's fused LM head scores only the positions with a label (the completion's) on the CPU too, as it
+    does where Triton runs (the module docstring says why). TRL reads that choice from one private function
+    of trl.trainer.utils; the kernels' own choice of Triton or torch is left alone."""
+    from trl.trainer import utils as trl_utils
+
+    original = trl_utils._use_triton
+
+    def compact(device) -> bool:
+        return device.type == "cpu" or original(device)
+
+    trl_utils._use_triton = compact
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = original
+
+
+@contextmanager
+def fast_kernels(model, autocast: bool) -> Iterator[None]:
+    """For the duration (a training run) on the CPU, the kernel choices above and, under bf16 autocast, the
+    LoRA's input left in bf16: PEFT casts each LoRA's input to its float32 weights' dtype, which autocast
+    then casts back to bf16 for the matmul, two copies of the activations per LoRA and pass for nothing
+    (PEFT's own switch, disable_input_dtype_casting). Nothing changes on a GPU."""
+    if not on_cpu():
+        yield
+        return
+    from peft.helpers import disable_input_dtype_casting
+
+    with plain_gqa(), completion_scoring(), disable_input_dtype_casting(model, active=autocast):
+        yield
