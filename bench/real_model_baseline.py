@@ -10,7 +10,7 @@ Three evaluations a model, each made once and kept in bench/results/real_model/b
 - eval_multipl_e.jsonl: MultiPL-E's even half of HumanEval-OCaml with MultiPL-E's own protocol, greedy, with
   REPAIR_PROBLEMS=1 (the problems whose tests still cannot pass are left out, and counted);
 - eval_multipl_e_published.jsonl: the same on the problems as MultiPL-E publishes them (no repairs);
-- eval_training.jsonl: a fixed sample of the training set, data/problems.jsonl (40 problems drawn by seed 0),
+- eval_training.jsonl: a fixed sample of the training set, data/problems.jsonl (20 problems drawn by seed 0),
   made as eval_heldout.jsonl is: how hard the set is for the models it is meant for.
 
 MultiPL-E's own harness counts a problem whose tests cannot pass as a failure; the table gives that figure
@@ -98,7 +98,8 @@ def table() -> str:
         if files["heldout"].is_file():
             heldout.append(heldout_row(label, read_rows(files["heldout"])))
         if files["multipl_e"].is_file() and files["multipl_e_published"].is_file():
-            cells = [multipl_e_cell(read_rows(files[name]), total) for name in NAMES[1:]]
+            sampled = ("multipl_e", "multipl_e_published")
+            cells = [multipl_e_cell(read_rows(files[name]), total) for name in sampled]
             multipl_e.append(f"| {label} | " + " | ".join(cells) + " |")
         if files["training"].is_file():
             training.append(training_row(label, read_rows(files["training"])))

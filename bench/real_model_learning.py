@@ -71,7 +71,7 @@ SHARED = {
 # The held-out evaluation's sampling and reward: the defaults (at most 256 tokens in the arms, as they train),
 # whatever the arm trains with.
 HELDOUT_EVAL = {"GRPO_TEMPERATURE": "0.9"}
-TRAINING_SAMPLE = 40  # problems of data/problems.jsonl drawn by seed 0: the set's difficulty in 160 samples
+TRAINING_SAMPLE = 20  # problems of data/problems.jsonl drawn by seed 0: the set's difficulty in 80 samples
 
 
 @dataclass(frozen=True)
