@@ -12,7 +12,7 @@ import preflight
 import settings
 import train
 from conftest import STATUSES, check_lines, run_train_py
-from problems import BUNDLED_PROBLEMS, ROOT
+from problems import BUNDLED_PROBLEMS, ROOT, load_problems
 
 
 def device_lines() -> tuple[str, str, str]:
@@ -54,8 +54,9 @@ def test_the_check_passes_on_this_box(tiny_model: Path, tmp_path: Path, capsys) 
         lines["sandbox"] == "ok    sandbox: bubblewrap runs; a write outside the sandbox's folder is refused"
     )
     assert lines["reward"].startswith("ok    reward: the worked example scores 1.0 in the sandbox")
+    usable = len(load_problems(str(BUNDLED_PROBLEMS)))
     assert lines["training data"].startswith(
-        f"ok    training data: TRAINING_DATASET={BUNDLED_PROBLEMS}: 50 usable problems; 0 prompts over "
+        f"ok    training data: TRAINING_DATASET={BUNDLED_PROBLEMS}: {usable} usable problems; 0 prompts over "
         "GRPO_MAX_PROMPT=704 tokens"
     )
     device, sampling, backend = device_lines()
