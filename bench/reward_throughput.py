@@ -92,8 +92,9 @@ def main() -> None:
         "--sandbox", default="auto", choices=("auto", "bwrap", "rlimit"), help="OCAML_SANDBOX"
     )
     args = parser.parse_args()
+    # The first 50 bundled problems, x 4 variants: the 200 programs BENCHMARKS.md's figures were measured on.
     problems = [
-        json.loads(line) for line in (ROOT / "data" / "problems.jsonl").read_text().splitlines() if line
+        json.loads(line) for line in (ROOT / "data" / "problems.jsonl").read_text().splitlines()[:50] if line
     ]
     items = programs(problems)
     cfg = rewards.RewardConfig(min_non_empty_lines=0, reward_workers=args.workers, ocaml_sandbox=args.sandbox)

@@ -16,14 +16,14 @@ import pytest
 
 from analyze import read_log
 from bench.real_model_learning import MULTIPL_E_EVEN, RESULTS, K, read_results, sign_tests, table
-from problems import HELDOUT_PROBLEMS
+from problems import BUNDLED_PROBLEMS, HELDOUT_PROBLEMS
 from rewards import STAGES, RewardConfig, score_files
 from stats import holm, sign_test
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = read_results()
-# eval_heldout*.jsonl: data/heldout.jsonl; eval_multipl_e*.jsonl: MultiPL-E's even half, repaired
-# (REPAIR_PROBLEMS=1) unless the name says `published`.
+# eval_heldout*.jsonl: data/heldout.jsonl; eval_training.jsonl: data/problems.jsonl; eval_multipl_e*.jsonl:
+# MultiPL-E's even half, repaired (REPAIR_PROBLEMS=1) unless the name says `published`.
 EVALUATIONS = sorted(str(path.relative_to(ROOT)) for path in RESULTS.glob("**/eval_*.jsonl"))
 
 
@@ -99,7 +99,8 @@ def test_a_committed_evaluation_rescores_to_the_same_verdicts(path: str) -> None
     multipl_e = "multipl_e" in Path(path).name
     if multipl_e and not MULTIPL_E_EVEN.is_file():
         pytest.skip(f"MultiPL-E's even half is not here: {MULTIPL_E_EVEN}")
-    problems = MULTIPL_E_EVEN if multipl_e else HELDOUT_PROBLEMS
+    training = Path(path).name == "eval_training.jsonl"
+    problems = MULTIPL_E_EVEN if multipl_e else BUNDLED_PROBLEMS if training else HELDOUT_PROBLEMS
     # As they were evaluated: the default reward, MultiPL-E repaired unless the file says `published`.
     cfg = RewardConfig(repair_problems=multipl_e and "published" not in Path(path).name)
     rows = [json.loads(line) for line in (ROOT / path).read_text(encoding="utf-8").splitlines()]
