@@ -25,9 +25,11 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
     lines = step.findall(out)
     assert [(arm, n) for arm, n, *_ in lines] == [(arm, n) for arm in ("before", "after") for n in ("1", "2")]
     for _, _, per_completion, sampling, _, _, sampling_x, reward, _, update, _, _, update_x in lines:
-        # The tiny model's limits round to 0.0 s; how far each part is from its limit is a ratio over 1.
+        # The tiny model's limits round to 0.0 s.
         assert all(float(v) > 0 for v in (per_completion, sampling, update))
-        assert float(sampling_x) > 1 and float(update_x) > 1
+        # Each part's time over its limit; the limit comes from a rate measured in the same run, and a load
+        # that changes between the two moves the ratio either way, so only that it was computed is asserted.
+        assert float(sampling_x) > 0 and float(update_x) > 0
         assert float(reward) >= 0
         # The parts are parts of the step (16 completions): on a loaded box the rest of the step grows, so
         # only that they do not exceed it is asserted.
