@@ -10,9 +10,9 @@ problems and from the same random stream (`--protocol multipl-e`: MultiPL-E's ow
 whose tests are broken are left out first (problem_check.py). The training reward scores every completion; a
 completion succeeds when it passes every test. The script prints a summary and a per-difficulty table, and
 writes every sample with its breakdown (OUT_DIR/eval_<label>.jsonl) and a markdown report
-(OUT_DIR/eval_report.md). `--compare` lists the problems two such JSONL files disagree on. The library
-functions (`sample_completions`, `score_samples`, `summarize`) also serve the trainer's in-training
-evaluation.
+(OUT_DIR/eval_report.md). `--compare` lists the problems two such JSONL files disagree on, with the
+statistics of eval_stats.py. The library functions (`sample_completions`, `score_samples`, and
+eval_stats.summarize) also serve the trainer's in-training evaluation.
 """
 
 from __future__ import annotations
@@ -22,16 +22,21 @@ import json
 import math
 import random
 import re
-import statistics
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envflags
 from envflags import ConfigError
+from eval_stats import (
+    compare,
+    comparison_markdown,
+    comparison_totals,
+    markdown_table,
+    summarize,
+)
 from models import load_model, looks_local, weights_note
 from multipl_e import MULTIPL_E, MULTIPL_E_GREEDY, Protocol, stop_at_stop_sequence
 from ocaml_sandbox import check_toolchain
@@ -39,7 +44,7 @@ from problem_check import leave_out_broken
 from problems import HELDOUT_PROBLEMS, bundled_path, load_problems, parse_problem
 from prompts import build_prompt_messages
 from rewards import STAGES, RewardConfig, reference_program, score_batch
-from run_records import eval_row, exit_status, figure, quiet_libraries
+from run_records import eval_row, exit_status, quiet_libraries
 from settings import TrainConfig, round_rows
 
 if TYPE_CHECKING:
@@ -49,14 +54,6 @@ if TYPE_CHECKING:
 # more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
 # 1 GiB, small on any GPU.
 DEFAULT_BATCH_SIZE = 32
-DIFFICULTY_ORDER = ("easy", "medium", "hard")
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c pass (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def pick_problems(problems: list[dict], n: int | None, seed: int) -> list[dict]:
@@ -300,67 +297,6 @@ def evaluate_model(
     return score_samples(samples, problems, cfg)
 
 
-# ------------------------------------------------------------------------------------------------------------
-# Summaries
-
-
-def passed(row: Mapping) -> bool:
-    """Whether a sample passed every test (older eval files hold only the reward's stage)."""
-    return bool(row.get("passed", row["stage"] == "passed"))
-
-
-def problem_results(rows: Sequence[dict]) -> dict[str, dict]:
-    """Per problem: difficulty, samples, passed (every test), pass rate and mean reward."""
-    grouped: dict[str, list[dict]] = {}
-    for r in rows:
-        grouped.setdefault(str(r["problem_id"]), []).append(r)
-    return {
-        problem_id: {
-            "difficulty": str(group[0].get("difficulty", "unknown")),
-            "samples": len(group),
-            "passed": sum(passed(r) for r in group),
-            "pass_rate": sum(passed(r) for r in group) / len(group),
-            "mean_reward": statistics.fmean(r["total_reward"] for r in group),
-        }
-        for problem_id, group in grouped.items()
-    }
-
-
-def pass_rates(rows: Sequence[dict], k: int) -> dict:
-    """Problems, pass@1, pass@k (averaged over problems) and mean reward (over completions) of some rows."""
-    results = problem_results(rows).values()
-    return {
-        "problems": len(results),
-        "pass@1": statistics.fmean(pass_at_k(r["samples"], r["passed"], 1) for r in results),
-        f"pass@{k}": statistics.fmean(pass_at_k(r["samples"], r["passed"], k) for r in results),
-        "mean_reward": statistics.fmean(r["total_reward"] for r in rows),
-    }
-
-
-def difficulties(rows: Sequence[dict]) -> list[str]:
-    """easy, medium, hard first, any other label after them in alphabetical order."""
-    present = {str(r.get("difficulty", "unknown")) for r in rows}
-    return [d for d in DIFFICULTY_ORDER if d in present] + sorted(present - set(DIFFICULTY_ORDER))
-
-
-def summarize(rows: Sequence[dict], k: int) -> dict:
-    """pass@1, pass@k, mean reward and its std, the truncated share, stage shares, and per difficulty
-    the problems, pass@1, pass@k and mean reward."""
-    stages = Counter(r["stage"] for r in rows)
-    return {
-        "k": k,
-        **pass_rates(rows, k),
-        "completions": len(rows),
-        "reward_std": statistics.pstdev(r["total_reward"] for r in rows),
-        "truncated": sum(bool(r.get("truncated")) for r in rows) / len(rows),
-        "stages": {stage: stages[stage] / len(rows) for stage in STAGES},
-        "difficulty": {
-            d: pass_rates([r for r in rows if str(r.get("difficulty", "unknown")) == d], k)
-            for d in difficulties(rows)
-        },
-    }
-
-
 def split_held_out(
     problems: list[dict], cfg: TrainConfig, note: Callable[[str], None]
 ) -> tuple[list[dict], list[dict]]:
@@ -439,11 +375,6 @@ def held_out_evaluation(problems: list[dict], tokenizer, cfg: TrainConfig, recor
     return HeldOutEvaluation()
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join([*lines, *("| " + " | ".join(cells) + " |" for cells in rows)])
-
-
 def pass_columns(k: int) -> list[str]:
     """pass@1, and pass@k beside it when k > 1."""
     return ["pass@1"] if k == 1 else ["pass@1", f"pass@{k}"]
@@ -479,88 +410,6 @@ def difficulty_table(summaries: dict[str, dict], k: int) -> str:
         for d, s in summary["difficulty"].items()
     ]
     return markdown_table(header, rows)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Comparison of two evaluations
-
-
-def compare(rows_a: Sequence[dict], rows_b: Sequence[dict]) -> dict:
-    """Per problem in both, pass rate and mean reward in A and B and their deltas (B - A). A problem
-    improved when its pass rate rose, or held while its mean reward rose; largest change first."""
-    a, b = problem_results(rows_a), problem_results(rows_b)
-    problems = [
-        {
-            "problem_id": problem_id,
-            "difficulty": a[problem_id]["difficulty"],
-            "pass_a": a[problem_id]["pass_rate"],
-            "pass_b": b[problem_id]["pass_rate"],
-            "pass_delta": b[problem_id]["pass_rate"] - a[problem_id]["pass_rate"],
-            "reward_a": a[problem_id]["mean_reward"],
-            "reward_b": b[problem_id]["mean_reward"],
-            # Rewards are stored to 6 decimals; rounding keeps float noise from counting as a change.
-            "reward_delta": round(b[problem_id]["mean_reward"] - a[problem_id]["mean_reward"], 6),
-        }
-        for problem_id in a
-        if problem_id in b
-    ]
-    return {
-        "improved": sorted((p for p in problems if _change(p) > (0, 0)), key=_change, reverse=True),
-        "regressed": sorted((p for p in problems if _change(p) < (0, 0)), key=_change),
-        "unchanged": sum(_change(p) == (0, 0) for p in problems),
-        "common": len(problems),
-        "only_a": sorted(set(a) - set(b)),
-        "only_b": sorted(set(b) - set(a)),
-        "pass_a": statistics.fmean(p["pass_a"] for p in problems) if problems else 0.0,
-        "pass_b": statistics.fmean(p["pass_b"] for p in problems) if problems else 0.0,
-        "reward_a": statistics.fmean(p["reward_a"] for p in problems) if problems else 0.0,
-        "reward_b": statistics.fmean(p["reward_b"] for p in problems) if problems else 0.0,
-    }
-
-
-def _change(p: dict) -> tuple[float, float]:
-    return p["pass_delta"], p["reward_delta"]
-
-
-def comparison_totals(result: dict) -> str:
-    points = 100 * (result["pass_b"] - result["pass_a"])
-    return (
-        f"{len(result['improved'])} improved, {len(result['regressed'])} regressed, "
-        f"{result['unchanged']} unchanged of {result['common']} problems; pass rate "
-        f"{result['pass_a']:.1%} -> {result['pass_b']:.1%} ({figure(points, '+.1f')} points)"
-        f", mean reward {result['reward_a']:.3f} -> {result['reward_b']:.3f} "
-        f"({figure(result['reward_b'] - result['reward_a'], '+.3f')})"
-    )
-
-
-def comparison_markdown(result: dict, label_a: str, label_b: str) -> str:
-    header = ["problem", "difficulty", "pass rate A", "pass rate B", "delta", "reward A", "reward B", "delta"]
-    parts = [f"A = {label_a}, B = {label_b}. {comparison_totals(result)}."]
-    if result["only_a"] or result["only_b"]:
-        parts.append(
-            f"Left out, in one file only: A {', '.join(result['only_a']) or 'none'}; "
-            f"B {', '.join(result['only_b']) or 'none'}."
-        )
-    for title in ("improved", "regressed"):
-        rows = [
-            [
-                p["problem_id"],
-                p["difficulty"],
-                f"{p['pass_a']:.0%}",
-                f"{p['pass_b']:.0%}",
-                f"{figure(100 * p['pass_delta'], '+.0f')} pts",
-                f"{p['reward_a']:.3f}",
-                f"{p['reward_b']:.3f}",
-                figure(p["reward_delta"], "+.3f"),
-            ]
-            for p in result[title]
-        ]
-        parts.append(
-            f"{title.capitalize()} ({len(rows)}):\n\n{markdown_table(header, rows)}"
-            if rows
-            else f"{title.capitalize()}: none."
-        )
-    return "\n\n".join(parts)
 
 
 def read_rows(path: Path) -> list[dict]:

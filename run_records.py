@@ -203,7 +203,7 @@ def write_header(
 
 
 def eval_row(step: int, epoch: float, summary: Mapping[str, Any]) -> dict:
-    """The metrics.jsonl row of one evaluation (evaluate.summarize's summary)."""
+    """The metrics.jsonl row of one evaluation (eval_stats.summarize's summary)."""
     return {
         "step": step,
         "epoch": epoch,

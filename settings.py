@@ -281,8 +281,8 @@ class TrainConfig(RewardConfig):
         0,
         "SFT_VALIDATION",
         "--sft: problems of the SFT data (picked by GRPO_SEED) kept out of training as a validation split; "
-        "their answers' loss is measured after each epoch and the epoch with the lowest is kept; 0 = none, "
-        "the last epoch",
+        "their answers' loss is measured twice an epoch (at least twice a run) and the point with the lowest "
+        "is kept; 0 = none, the end of the run",
         low=0,
     )
     sft_all_weights: bool = setting(

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import envflags
 from envflags import ConfigError
-from evaluate import DEFAULT_BATCH_SIZE, evaluate_model, pick_problems, summarize, summary_table
+from eval_stats import summarize
+from evaluate import DEFAULT_BATCH_SIZE, evaluate_model, pick_problems, summary_table
 from models import load_base, with_adapter
 from ocaml_sandbox import ToolchainMissing, check_toolchain
 from problems import load_problems

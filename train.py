@@ -410,9 +410,12 @@ def sft_trainer(cfg: TrainConfig, note: Callable[[str], None]):
         max_length=cfg.max_prompt_length + cfg.max_completion_length,
         completion_only_loss=True,
         logging_steps=cfg.logging_steps,
-        # With a validation split every epoch is evaluated and saved, and the best one is loaded at the end.
-        eval_strategy="epoch" if validation else "no",
-        save_strategy="epoch" if validation else "no",
+        # With a validation split the run is evaluated and saved twice an epoch (at least twice in all: a
+        # one-epoch run has a choice too), and the best point is loaded at the end.
+        eval_strategy="steps" if validation else "no",
+        save_strategy="steps" if validation else "no",
+        eval_steps=(checkpoints := min(0.5, 1 / (2 * cfg.sft_num_epochs))),  # a share of the run's steps
+        save_steps=checkpoints,
         load_best_model_at_end=bool(validation),
         metric_for_best_model="eval_loss",
         per_device_eval_batch_size=cfg.sft_batch_size,

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.real_model_learning import MULTIPL_E_EVEN, RESULTS, TRAINING_SAMPLE, K, evaluation  # noqa: E402
-from evaluate import read_rows, summarize  # noqa: E402
+from eval_stats import summarize  # noqa: E402
+from evaluate import read_rows  # noqa: E402
 from real_model import MODELS  # noqa: E402
 from rewards import STAGES  # noqa: E402
 

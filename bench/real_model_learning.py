@@ -20,6 +20,7 @@ Q4_K_M weights.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -38,7 +39,8 @@ import matplotlib.pyplot as plt
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evaluate import compare, comparison_markdown, read_rows, summarize  # noqa: E402
+from eval_stats import compare, comparison_markdown, interval, summarize  # noqa: E402
+from evaluate import read_rows  # noqa: E402
 from health_bands import zero_std_key  # noqa: E402
 from problems import BUNDLED_PROBLEMS  # noqa: E402
 from real_model import MODELS  # noqa: E402
@@ -73,12 +75,40 @@ SHARED = {
 HELDOUT_EVAL = {"GRPO_TEMPERATURE": "0.9"}
 TRAINING_SAMPLE = 20  # problems of data/problems.jsonl drawn by seed 0: the set's difficulty in 80 samples
 
+# The recipe's shape (issue 35: SFT on our verified solutions, then GRPO from its adapter), sized to 120
+# minutes on the 2-core CPU from bench/cpu_step.py's figures (about 34 SFT tokens/s, 12.9 s a GRPO completion
+# at 2 x 8 of up to 256 tokens) and the evaluations' (about 40 minutes for the three after training):
+# - SFT, one epoch over the training problems less a 24-problem validation split (about 90k tokens, 45
+#   minutes), its adapter chosen on the split's loss at the half-epoch and the end. Without the worked example
+#   (GRPO_FEW_SHOT=0): after SFT it is redundant, and it would make every SFT row 55% longer (485 tokens
+#   against 313, the median under Qwen's template).
+# - GRPO, 8 steps of 2 prompts x 8 completions (bigger groups tie less often), lr 5e-5 (the one lever that
+#   moved the nine arms' rewards), about 28 minutes, with the held-out set scored once a sample every 4 steps.
+# - LoRA rank 8 on all seven projections: the adapter is 8.8 MB in bf16, small enough to travel with the tree.
+RECIPE = {
+    "GRPO_FEW_SHOT": "0",
+    "GRPO_MAX_STEPS": "8",
+    "GRPO_BATCH_SIZE": "2",
+    "GRPO_NUM_GENERATIONS": "8",
+    "GRPO_LEARNING_RATE": "5e-5",
+    "GRPO_EVAL_STEPS": "4",
+    "GRPO_EVAL_SAMPLES": "1",
+    "LORA_R": "8",
+    "LORA_ALPHA": "16",
+    "SFT_VALIDATION": "24",
+}
+# The comparisons named before the recipe's runs: the recipe against the base on both held-out sets, each
+# judged at p < 0.05 (the goal needs both, so the pair needs no correction); every other test of the table
+# is corrected together with Holm's method.
+PRIMARY = ("recipe on held-out", "recipe on MultiPL-E")
+
 
 @dataclass(frozen=True)
 class Arm:
     lever: str  # what the arm changes, for the table
     settings: dict[str, str] = field(default_factory=dict)  # train.py's env variables over SHARED
     sft: bool = False  # `train.py --sft` on the reference solutions first, then GRPO from its adapter
+    grpo: bool = True  # False: the SFT adapter is the arm's result
 
 
 ARMS = {
@@ -115,6 +145,16 @@ ARMS = {
         "lr 5e-5, MIN_NON_EMPTY_LINES=1 and REWARD_CURRICULUM=1 together",
         {"GRPO_LEARNING_RATE": "5e-5", "MIN_NON_EMPTY_LINES": "1", "REWARD_CURRICULUM": "1"},
     ),
+    # The recipe and what it is measured against (RECIPE's shape). The three with SFT share one warm start.
+    "sft-only": Arm("the recipe's SFT warm start alone, no GRPO", RECIPE, sft=True, grpo=False),
+    "recipe": Arm("SFT on our verified solutions, then GRPO from its adapter", RECIPE, sft=True),
+    "grpo-only": Arm("the recipe's GRPO alone, from the base model", RECIPE),
+    # The control: the recipe trained on rewards blind to correctness (reward_control.py).
+    "random-reward": Arm(
+        "the recipe with each step's rewards shuffled across its completions (GRPO_REWARD_CONTROL=shuffled)",
+        {**RECIPE, "GRPO_REWARD_CONTROL": "shuffled"},
+        sft=True,
+    ),
 }
 
 
@@ -140,7 +180,8 @@ def run(args: list[str], settings: dict[str, str], log: Path) -> None:
 def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256) -> Path:
     """evaluate.py's rows for `model` on one held-out set, into/eval_NAME.jsonl:
     `heldout` (the training prompt, `tokens` at most), `multipl_e` (MultiPL-E's protocol, greedy, repaired),
-    `multipl_e_published` (the same unrepaired: the problems as MultiPL-E publishes them) or `training` (a
+    `multipl_e_sampled` (the same sampled, K a problem at MultiPL-E's temperature 0.2),
+    `multipl_e_published` (greedy, unrepaired: the problems as MultiPL-E publishes them) or `training` (a
     fixed sample of data/problems.jsonl, as `heldout` is made: how hard the training set is for a model)."""
     into.mkdir(parents=True, exist_ok=True)
     scratch = into / f".{name}"
@@ -151,7 +192,8 @@ def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256)
             args += ["--problems", str(BUNDLED_PROBLEMS), "-n", str(TRAINING_SAMPLE)]
         settings = {**HELDOUT_EVAL, "GRPO_MAX_COMPLETION": str(tokens)}
     else:
-        args += ["--problems", str(MULTIPL_E_EVEN), "--protocol", "multipl-e", "--greedy", "-k", "1"]
+        args += ["--problems", str(MULTIPL_E_EVEN), "--protocol", "multipl-e"]
+        args += ["-k", str(K)] if name.endswith("sampled") else ["--greedy", "-k", "1"]
         settings = {"REPAIR_PROBLEMS": "0" if name.endswith("published") else "1"}
     run(args, settings, log)
     target = into / f"eval_{name}.jsonl"
@@ -160,29 +202,52 @@ def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256)
     return target
 
 
+# The held-out sets every arm is evaluated on: the file name's part, and k (samples a problem).
+EVALUATIONS = {"heldout": K, "multipl_e": 1, "multipl_e_sampled": K}
+
+
 def base_evaluations(log: Path) -> dict[str, Path]:
-    """The base model's two evaluations, made once: every arm compares with the same ones. MultiPL-E's is
-    the baseline's (bench/real_model_baseline.py), whose protocol is the same."""
-    heldout = RESULTS / "base" / "eval_heldout.jsonl"
-    multipl_e = RESULTS / "baseline" / "0.5b" / "eval_multipl_e.jsonl"
+    """The base model's evaluations, made once: every arm compares with the same ones. MultiPL-E's greedy
+    one is the baseline's (bench/real_model_baseline.py), whose protocol is the same."""
+    paths = {
+        "heldout": RESULTS / "base" / "eval_heldout.jsonl",
+        "multipl_e": RESULTS / "baseline" / "0.5b" / "eval_multipl_e.jsonl",
+        "multipl_e_sampled": RESULTS / "base" / "eval_multipl_e_sampled.jsonl",
+    }
     return {
-        "heldout": heldout if heldout.is_file() else evaluation(MODEL.folder, "heldout", heldout.parent, log),
-        "multipl_e": multipl_e
-        if multipl_e.is_file()
-        else evaluation(MODEL.folder, "multipl_e", multipl_e.parent, log, tokens=512),
+        name: path if path.is_file() else evaluation(MODEL.folder, name, path.parent, log)
+        for name, path in paths.items()
     }
 
 
-def train(name: str, arm: Arm, log: Path) -> Path:
-    """The arm's run (its --sft warm start first where it has one); returns the run's folder."""
+def warm_start(settings: dict[str, str], log: Path) -> Path:
+    """`train.py --sft` under `settings`, made once: arms whose settings differ only in GRPO's reward
+    control (which SFT never reads) share it, so that they differ only in what GRPO does. Returns the
+    adapter."""
+    sft_settings = {k: v for k, v in settings.items() if k not in ("GRPO_REWARD_CONTROL", "GRPO_OUTPUT_DIR")}
+    key = json.dumps(sft_settings, sort_keys=True)
+    out = RUNS / f"warm-start-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+    adapter = out / "sft" / "adapter"
+    made = out / "settings.json"  # written once the adapter is
+    if not (made.is_file() and made.read_text(encoding="utf-8") == key):
+        shutil.rmtree(out, ignore_errors=True)
+        run(["train.py", "--sft"], {**sft_settings, "GRPO_OUTPUT_DIR": str(out)}, log)
+        made.write_text(key, encoding="utf-8")
+    return adapter
+
+
+def train(name: str, arm: Arm, log: Path) -> tuple[Path, Path]:
+    """The arm's run (its --sft warm start first where it has one): the run's folder and its adapter."""
     out = RUNS / name
     shutil.rmtree(out, ignore_errors=True)
     settings = {**SHARED, **arm.settings, "GRPO_OUTPUT_DIR": str(out)}
     if arm.sft:
-        run(["train.py", "--sft"], settings, log)
-        settings["GRPO_INIT_ADAPTER"] = str(out / "sft" / "adapter")
+        settings["GRPO_INIT_ADAPTER"] = str(warm_start(settings, log))
+        if not arm.grpo:
+            shutil.copytree(Path(settings["GRPO_INIT_ADAPTER"]).parent, out / "sft")
+            return out, out / "sft" / "adapter"
     run(["train.py"], settings, log)
-    return out
+    return out, out / "adapter"
 
 
 def steps_of(out: Path) -> list[dict]:
@@ -195,8 +260,8 @@ def repository_path(path: Path) -> str:
 
 
 def comparison(base: Path, trained: Path, k: int) -> dict:
-    """Before and after on one held-out set: pass@1, pass@k, mean reward, stage shares, and the problems
-    that improved and regressed (evaluate.py --compare's reading)."""
+    """Before and after on one held-out set: pass@1 with its 95% interval, pass@k, mean reward, stage
+    shares, and the problems that improved and regressed (evaluate.py --compare's reading)."""
     before, after = read_rows(base), read_rows(trained)
     summaries = summarize(before, k), summarize(after, k)
     result = compare(before, after)
@@ -206,11 +271,22 @@ def comparison(base: Path, trained: Path, k: int) -> dict:
             for key in ("pass@1", f"pass@{k}", "mean_reward")
             for when, s in zip(("before", "after"), summaries, strict=True)
         },
+        "pass@1_interval_before": list(result["interval_a"]),
+        "pass@1_interval_after": list(result["interval_b"]),
         "stages_before": summaries[0]["stages"],
         "stages_after": summaries[1]["stages"],
         "improved": [p["problem_id"] for p in result["improved"]],
         "regressed": [p["problem_id"] for p in result["regressed"]],
         "unchanged": result["unchanged"],
+    }
+
+
+def comparisons(row: dict) -> dict:
+    """The row's comparisons with the base, from the evaluation files it names."""
+    return {
+        name: comparison(ROOT / row[f"base_{name}"], ROOT / row[f"trained_{name}"], k)
+        for name, k in EVALUATIONS.items()
+        if f"trained_{name}" in row
     }
 
 
@@ -223,15 +299,20 @@ def run_arm(name: str) -> dict:
     log.write_text(f"arm {name}: {arm.lever}\n", encoding="utf-8")
     base = base_evaluations(RUNS / "base.log")
     started = time.monotonic()
-    out = train(name, arm, log)
-    trained = {n: evaluation(out / "adapter", n, into, log) for n in ("heldout", "multipl_e")}
+    out, adapter = train(name, arm, log)
+    trained = {n: evaluation(adapter, n, into, log) for n in EVALUATIONS}
     minutes = (time.monotonic() - started) / 60
-    shutil.copy(out / "learning.log", into / "learning.log")
-    run(["analyze.py", str(out)], {}, log)  # the run report: what the health monitor saw
-    report = (out / "analysis.md").read_text(encoding="utf-8").splitlines()
-    kept = [line for line in report if not line.startswith("![analysis_")]  # its plots stay with the run
-    (into / "analysis.md").write_text("\n".join(kept) + "\n", encoding="utf-8")
-    steps = steps_of(out)
+    if arm.grpo:
+        shutil.copy(out / "learning.log", into / "learning.log")
+        run(["analyze.py", str(out)], {}, log)  # the run report: what the health monitor saw
+        report = (out / "analysis.md").read_text(encoding="utf-8").splitlines()
+        kept = [line for line in report if not line.startswith("![analysis_")]  # its plots stay with the run
+        (into / "analysis.md").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    if arm.sft:
+        shutil.copy(out / "sft" / "learning.log", into / "sft_learning.log")
+    if name == "recipe":  # the adapter users can take, with its model card
+        shutil.copytree(adapter, into / "adapter", dirs_exist_ok=True)
+    steps = steps_of(out) if arm.grpo else []
     rewards = [s["reward"] for s in steps]
     row = {
         "arm": name,
@@ -241,23 +322,20 @@ def run_arm(name: str) -> dict:
             "GRPO_MODEL_ID": repository_path(MODEL.folder),
             **arm.settings,
             **({"--sft": "1"} if arm.sft else {}),
+            **({} if arm.grpo else {"GRPO_MAX_STEPS": "0"}),
         },
-        "base_eval": repository_path(base["heldout"]),
-        "trained_eval": repository_path(trained["heldout"]),
-        "base_multipl_e": repository_path(base["multipl_e"]),
-        "trained_multipl_e": repository_path(trained["multipl_e"]),
+        **{f"base_{n}": repository_path(path) for n, path in base.items()},
+        **{f"trained_{n}": repository_path(path) for n, path in trained.items()},
         "minutes": round(minutes, 1),
         "steps": len(rewards),
-        "train_reward_first5": statistics.fmean(rewards[:5]),
-        "train_reward_last5": statistics.fmean(rewards[-5:]),
+        "train_reward_first5": statistics.fmean(rewards[:5]) if rewards else None,
+        "train_reward_last5": statistics.fmean(rewards[-5:]) if rewards else None,
         "rewards": rewards,
         # of the sampled groups, as the monitor reads it: dynamic sampling's trained ones never tie
-        "mean_frac_zero_std": statistics.fmean(s[zero_std_key(steps)] for s in steps),
-        "heldout": comparison(base["heldout"], trained["heldout"], K),
-        "multipl_e": comparison(base["multipl_e"], trained["multipl_e"], 1),
+        "mean_frac_zero_std": statistics.fmean(s[zero_std_key(steps)] for s in steps) if steps else None,
     }
-    rows = [r for r in read_results() if r["arm"] != name] + [row]
-    (RESULTS / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    row.update(comparisons(row))
+    write_results([r for r in read_results() if r["arm"] != name] + [row])
     return row
 
 
@@ -268,20 +346,34 @@ def read_results() -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def write_results(rows: list[dict]) -> None:
+    (RESULTS / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def pass_at_1(comparison: dict) -> str:
+    """pass@1 before and after, each with its 95% interval, and the change in points."""
+    before, after = comparison["pass@1_before"], comparison["pass@1_after"]
+    return (
+        f"{before:.1%} {interval(comparison['pass@1_interval_before'])} -> {after:.1%} "
+        f"{interval(comparison['pass@1_interval_after'])} ({100 * (after - before):+.1f})"
+    )
+
+
 def points(before: float, after: float) -> str:
     return f"{before:.1%} -> {after:.1%} ({100 * (after - before):+.1f})"
 
 
-SETS = {"heldout": "held-out", "multipl_e": "MultiPL-E"}
+SETS = {"heldout": "held-out", "multipl_e": "MultiPL-E", "multipl_e_sampled": "MultiPL-E sampled"}
 
 
 def sign_tests(rows: list[dict]) -> dict[str, float]:
-    """{"ARM on SET": p} for every arm and held-out set: the sign test of its improved against its regressed
-    problems."""
+    """{"ARM on SET": p} for every arm and every held-out set it was evaluated on: the sign test of its
+    improved against its regressed problems."""
     return {
         f"{r['arm']} on {name}": sign_test(len(r[key]["improved"]), len(r[key]["regressed"]))
         for r in rows
         for key, name in SETS.items()
+        if key in r
     }
 
 
@@ -290,39 +382,57 @@ def changed(comparison: dict, p: float) -> str:
 
 
 def holm_note(rows: list[dict]) -> str:
-    """Which of the table's sign tests survive Holm's correction: each arm against one base draw."""
+    """The primary comparisons at 0.05, and which of the other sign tests survive Holm's correction: each
+    arm against one base draw."""
     tests = sign_tests(rows)
+    primary = {name: tests.pop(name) for name in PRIMARY if name in tests}
     kept = [f"{name} (adjusted p {p:.2g})" for name, p in holm(tests).items() if p < 0.05]
+    judged = ", ".join(f"{name} (p {p:.2g})" for name, p in primary.items())
+    named = (
+        f"The primary comparisons, named before the runs: {judged}, each judged at 0.05. The other "
+        if primary
+        else ""
+    )
     return (
         f"(p): the exact two-sided sign test of the problems that improved against those that regressed. "
-        f"{len(tests)} tests against one base draw: after Holm's correction (family-wise 0.05) "
+        f"{named}{len(tests)} tests against one base draw: after Holm's correction (family-wise 0.05) "
         f"{'only ' + ', '.join(kept) if kept else 'none'} stands."
     )
 
 
 def table(rows: list[dict]) -> str:
     """results.md: one row per arm, then the sign tests' reading, then each arm's stage shares before and
-    after."""
+    after. pass@1 with its 95% interval (bootstrap over problems)."""
     tests = sign_tests(rows)
     lines = [
         "| arm | lever | train reward, first 5 -> last 5 steps | mean frac_zero_std | held-out pass@1 (k=4) "
         "| held-out pass@4 | held-out mean reward | improved / regressed (p) | MultiPL-E pass@1 (greedy) | "
-        "MultiPL-E improved / regressed (p) | minutes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "MultiPL-E improved / regressed (p) | MultiPL-E pass@1 (k=4, temperature 0.2) | "
+        "improved / regressed (p) | minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         h, m = r["heldout"], r["multipl_e"]
+        sampled = (
+            [
+                pass_at_1(r["multipl_e_sampled"]),
+                changed(r["multipl_e_sampled"], tests[f"{r['arm']} on MultiPL-E sampled"]),
+            ]
+            if "multipl_e_sampled" in r
+            else ["not measured", "not measured"]
+        )
         cells = [
             r["arm"],
             r["lever"],
-            f"{r['train_reward_first5']:.3f} -> {r['train_reward_last5']:.3f}",
-            f"{r['mean_frac_zero_std']:.2f}",
-            points(h["pass@1_before"], h["pass@1_after"]),
+            f"{r['train_reward_first5']:.3f} -> {r['train_reward_last5']:.3f}" if r["rewards"] else "no GRPO",
+            f"{r['mean_frac_zero_std']:.2f}" if r["rewards"] else "-",
+            pass_at_1(h),
             points(h[f"pass@{K}_before"], h[f"pass@{K}_after"]),
             f"{h['mean_reward_before']:.3f} -> {h['mean_reward_after']:.3f}",
             changed(h, tests[f"{r['arm']} on held-out"]),
-            points(m["pass@1_before"], m["pass@1_after"]),
+            pass_at_1(m),
             changed(m, tests[f"{r['arm']} on MultiPL-E"]),
+            *sampled,
             f"{r['minutes']:.0f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -356,19 +466,25 @@ def plot(rows: list[dict]) -> Path:
 
 
 def write_comparisons(row: dict) -> None:
-    """RESULTS/ARM/comparison.md: evaluate.py --compare's per-problem reading of both held-out sets."""
+    """RESULTS/ARM/comparison.md: evaluate.py --compare's per-problem reading of each held-out set."""
+    titles = {
+        "heldout": "data/heldout.jsonl",
+        "multipl_e": "MultiPL-E's even half, greedy",
+        "multipl_e_sampled": "MultiPL-E's even half, sampled",
+    }
     parts = [f"# {row['arm']}: {row['lever']}"]
-    for title, base, trained in (
-        ("data/heldout.jsonl", row["base_eval"], row["trained_eval"]),
-        ("MultiPL-E's even half", row["base_multipl_e"], row["trained_multipl_e"]),
-    ):
+    for name in (n for n in EVALUATIONS if f"trained_{n}" in row):
+        base, trained = row[f"base_{name}"], row[f"trained_{name}"]
         result = compare(read_rows(ROOT / base), read_rows(ROOT / trained))
-        parts += [f"## {title}", comparison_markdown(result, base, trained)]
+        parts += [f"## {titles[name]}", comparison_markdown(result, base, trained)]
     (RESULTS / row["arm"] / "comparison.md").write_text("\n\n".join(parts) + "\n", encoding="utf-8")
 
 
 def write_table() -> None:
-    rows = read_results()
+    """results.jsonl's comparisons made again from the evaluation files they name, then results.md, each
+    arm's comparison.md and the plot."""
+    rows = [{**r, **comparisons(r)} for r in read_results()]
+    write_results(rows)
     (RESULTS / "results.md").write_text(table(rows), encoding="utf-8")
     for row in rows:
         write_comparisons(row)

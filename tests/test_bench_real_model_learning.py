@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 
 from analyze import read_log
-from bench.real_model_learning import MULTIPL_E_EVEN, RESULTS, K, read_results, sign_tests, table
+from bench.real_model_learning import EVALUATIONS, MULTIPL_E_EVEN, RESULTS, read_results, sign_tests, table
 from problems import BUNDLED_PROBLEMS, HELDOUT_PROBLEMS
 from rewards import STAGES, RewardConfig, score_files
-from stats import holm, sign_test
+from stats import bootstrap_interval, holm, sign_test
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = read_results()
 # eval_heldout*.jsonl: data/heldout.jsonl; eval_training.jsonl: data/problems.jsonl; eval_multipl_e*.jsonl:
 # MultiPL-E's even half, repaired (REPAIR_PROBLEMS=1) unless the name says `published`.
-EVALUATIONS = sorted(str(path.relative_to(ROOT)) for path in RESULTS.glob("**/eval_*.jsonl"))
+COMMITTED = sorted(str(path.relative_to(ROOT)) for path in RESULTS.glob("**/eval_*.jsonl"))
 
 
 def per_problem(path: str) -> tuple[list[dict], dict[str, tuple[int, int, float]]]:
@@ -40,8 +40,9 @@ def per_problem(path: str) -> tuple[list[dict], dict[str, tuple[int, int, float]
 
 
 def figures(base: str, trained: str, k: int) -> dict:
-    """pass@1, pass@k (Chen et al.'s unbiased estimate, averaged over problems), mean reward, stage shares,
-    and the problems whose pass rate (or, at an equal pass rate, mean reward) rose and fell."""
+    """pass@1 with its 95% bootstrap interval over problems, pass@k (Chen et al.'s unbiased estimate,
+    averaged over problems), mean reward, stage shares, and the problems whose pass rate (or, at an equal
+    pass rate, mean reward) rose and fell."""
     found = {}
     for when, path in (("before", base), ("after", trained)):
         rows, problems = per_problem(path)
@@ -49,6 +50,7 @@ def figures(base: str, trained: str, k: int) -> dict:
         for j in sorted({1, k}):
             rates = [1 - comb(n - c, j) / comb(n, j) for n, c, _ in problems.values()]
             found[f"pass@{j}_{when}"] = statistics.fmean(rates)
+        found[f"pass@1_interval_{when}"] = list(bootstrap_interval([c / n for n, c, _ in problems.values()]))
         found[f"mean_reward_{when}"] = statistics.fmean(r["total_reward"] for r in rows)
         stages = Counter(r["stage"] for r in rows)
         found[f"stages_{when}"] = {stage: stages[stage] / len(rows) for stage in STAGES}
@@ -64,16 +66,20 @@ def figures(base: str, trained: str, k: int) -> dict:
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["arm"] for r in ROWS])
 def test_an_arms_figures_are_what_its_committed_files_say(row: dict) -> None:
-    for key, k, base, trained in (
-        ("heldout", K, row["base_eval"], row["trained_eval"]),
-        ("multipl_e", 1, row["base_multipl_e"], row["trained_multipl_e"]),
-    ):
-        recorded, expected = row[key], figures(base, trained, k)
+    evaluated = [name for name in EVALUATIONS if f"trained_{name}" in row]
+    assert evaluated[:2] == ["heldout", "multipl_e"]  # every arm has both; the sampled MultiPL-E came later
+    for key in evaluated:
+        recorded, expected = row[key], figures(row[f"base_{key}"], row[f"trained_{key}"], EVALUATIONS[key])
         for problems in ("improved", "regressed"):
             assert set(recorded[problems]) == expected.pop(problems), problems
         for when in ("before", "after"):
             assert recorded[f"stages_{when}"] == pytest.approx(expected.pop(f"stages_{when}"))
+            interval = f"pass@1_interval_{when}"
+            assert recorded[interval] == pytest.approx(expected.pop(interval))
         assert {figure: recorded[figure] for figure in expected} == pytest.approx(expected)
+    if not row["steps"]:  # SFT alone: no GRPO step, no GRPO log
+        assert row["rewards"] == [] and not (RESULTS / row["arm"] / "learning.log").exists()
+        return
     # learning.log prints each step's reward to 3 decimals and frac_zero_std, the sampled groups' share, to 2
     steps, _, _ = read_log(RESULTS / row["arm"] / "learning.log")
     rewards = [s["reward"] for s in steps]
@@ -89,12 +95,12 @@ def test_the_results_table_is_the_table_of_the_rows() -> None:
         pytest.skip("no arm measured yet: bench/results/real_model/results.jsonl is empty")
     assert (RESULTS / "results.md").read_text(encoding="utf-8") == table(ROWS)
     for row in ROWS:
-        assert {"arm", "settings", "base_eval", "trained_eval", "minutes"} <= set(row)
-        named = [row[key] for key in ("base_eval", "trained_eval", "base_multipl_e", "trained_multipl_e")]
-        assert all(path in EVALUATIONS for path in named)
+        assert {"arm", "settings", "base_heldout", "trained_heldout", "minutes"} <= set(row)
+        named = [row[f"{when}_{name}"] for name in EVALUATIONS for when in ("base", "trained") if name in row]
+        assert all(path in COMMITTED for path in named)
 
 
-@pytest.mark.parametrize("path", EVALUATIONS)
+@pytest.mark.parametrize("path", COMMITTED)
 def test_a_committed_evaluation_rescores_to_the_same_verdicts(path: str) -> None:
     multipl_e = "multipl_e" in Path(path).name
     if multipl_e and not MULTIPL_E_EVEN.is_file():

@@ -3,12 +3,14 @@ the real reward, --compare on hand-made files, sampling on the tiny model and bo
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 import envflags
+import eval_stats
 import evaluate
 import models
 import test_base_model as tbm
@@ -32,13 +34,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
     ],
 )
 def test_pass_at_k_matches_hand_computed_values(n: int, c: int, k: int, expected: float) -> None:
-    assert math.isclose(evaluate.pass_at_k(n, c, k), expected)
+    assert math.isclose(eval_stats.pass_at_k(n, c, k), expected)
 
 
 @pytest.mark.parametrize(("n", "c", "k"), [(4, 5, 1), (4, 1, 0), (4, 1, 5), (4, -1, 1)])
 def test_pass_at_k_refuses_impossible_counts(n: int, c: int, k: int) -> None:
     with pytest.raises(ValueError, match="pass@k needs"):
-        evaluate.pass_at_k(n, c, k)
+        eval_stats.pass_at_k(n, c, k)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,7 @@ def test_summary_of_completions_scored_by_the_real_reward(bundled: dict[str, dic
     assert [r["difficulty"] for r in rows] == ["easy", "easy", "medium", "medium", "hard", "hard"]
     assert rows[5]["truncated"] and "preview" not in rows[0] and rows[0]["completion"] == answer(easy)
 
-    summary = evaluate.summarize(rows, k=2)
+    summary = eval_stats.summarize(rows, k=2)
     rewards = [r["total_reward"] for r in rows]
     assert summary["pass@1"] == pytest.approx(0.5) and summary["pass@2"] == pytest.approx(2 / 3)
     assert summary["mean_reward"] == pytest.approx(sum(rewards) / 6)
@@ -114,7 +116,7 @@ def two_runs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_compare_lists_improved_and_regressed_problems_with_deltas(two_runs: tuple[Path, Path]) -> None:
-    result = evaluate.compare(*(evaluate.read_rows(path) for path in two_runs))
+    result = eval_stats.compare(*(evaluate.read_rows(path) for path in two_runs))
     improved = [(p["problem_id"], p["pass_delta"], p["reward_delta"]) for p in result["improved"]]
     assert improved == [("p1", 1.0, 0.8), ("p3", 0.0, 0.2)]
     regressed = [(p["problem_id"], p["pass_delta"], p["reward_delta"]) for p in result["regressed"]]
@@ -130,10 +132,15 @@ def test_compare_cli_prints_the_lists_and_totals(
 ) -> None:
     assert evaluate.main(["--compare", *map(str, two_runs)]) == 0
     printed = capsys.readouterr().out
-    assert (
-        "2 improved, 1 regressed, 1 unchanged of 4 problems; pass rate 37.5% -> 50.0% (+12.5 points)"
-        in printed
+    totals = re.search(
+        r"2 improved, 1 regressed, 1 unchanged of 4 problems; pass rate 37.5% \[(\S+)%, (\S+)%\] -> 50.0% "
+        r"\[(\S+)%, (\S+)%\] \(\+12.5 points\), mean reward \S+ -> \S+ \(\S+\); sign test p = 1\.",
+        printed,
     )
+    assert totals, printed
+    # Each 95% interval over the 4 problems holds its pass rate and stays within what a problem can score.
+    low_a, high_a, low_b, high_b = map(float, totals.groups())
+    assert 0 <= low_a < 37.5 < high_a <= 100 and 0 <= low_b < 50.0 < high_b <= 100
     assert "| p1 | easy | 0% | 100% | +100 pts | 0.200 | 1.000 | +0.800 |" in printed
     assert "| p2 | easy | 50% | 0% | -50 pts | 0.750 | 0.500 | -0.250 |" in printed
     assert printed.index("| p1 |") < printed.index("| p3 |") < printed.index("Regressed (1)")

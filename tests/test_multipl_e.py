@@ -382,7 +382,8 @@ def test_a_local_export_in_multipl_e_columns_loads_by_name(tmp_path):
 
 
 def test_a_short_correct_answer_passes_and_a_short_wrong_one_is_gated():
-    from evaluate import score_samples, summarize
+    from eval_stats import summarize
+    from evaluate import score_samples
 
     problems = [{**p, "difficulty": "unknown"} for p in fixture_problems()[:1]]
     samples = [
