@@ -250,6 +250,51 @@ def train(name: str, arm: Arm, log: Path) -> tuple[Path, Path]:
     return out, out / "adapter"
 
 
+def portable_adapter(adapter: Path, into: Path) -> Path:
+    """The adapter as it is committed: its weights in bf16 (the base runs in bf16; half the bytes), its base
+    named as `make real-model` makes it, relative to the repository (evaluate.py and `train.py
+    --init-adapter` find it there from the repository root), and its model card; not the tokenizer, which
+    the base has."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    weights = load_file(adapter / "adapter_model.safetensors")
+    save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, into / "adapter_model.safetensors")
+    config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = repository_path(MODEL.folder)
+    (into / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    shutil.copy(adapter / "README.md", into / "README.md")
+    return into
+
+
+def add_evaluations_to_card(card: Path, evaluated: dict[str, dict]) -> None:
+    """The model card's evaluation table: the base and the adapter on each held-out set, from the bench."""
+    titles = {
+        "heldout": "data/heldout.jsonl, 48 x 4, temperature 0.9",
+        "multipl_e": "MultiPL-E HumanEval-OCaml even half, greedy",
+        "multipl_e_sampled": "MultiPL-E HumanEval-OCaml even half, 4 samples at temperature 0.2",
+    }
+    lines = [
+        "## Evaluation (bench/real_model_learning.py, the 2-core CPU, Q4_K_M weights)",
+        "",
+        "| held-out set | base pass@1 | this adapter's pass@1 | improved / regressed (sign test p) |",
+        "|---|---|---|---|",
+    ]
+    for name, c in evaluated.items():
+        p = sign_test(len(c["improved"]), len(c["regressed"]))
+        lines.append(
+            f"| {titles[name]} | {c['pass@1_before']:.1%} {interval(c['pass@1_interval_before'])} | "
+            f"{c['pass@1_after']:.1%} {interval(c['pass@1_interval_after'])} | "
+            f"{len(c['improved'])} / {len(c['regressed'])} ({p:.2g}) |"
+        )
+    lines.append("\npass@1 with its 95% interval (bootstrap over problems): docs/statistics.md.")
+    card.write_text(
+        card.read_text(encoding="utf-8").rstrip() + "\n\n" + "\n".join(lines) + "\n", encoding="utf-8"
+    )
+
+
 def steps_of(out: Path) -> list[dict]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     return [r for r in rows if "loss" in r]
@@ -300,6 +345,8 @@ def run_arm(name: str) -> dict:
     base = base_evaluations(RUNS / "base.log")
     started = time.monotonic()
     out, adapter = train(name, arm, log)
+    if name == "recipe":  # the adapter users take, evaluated as they get it
+        adapter = portable_adapter(adapter, into / "adapter")
     trained = {n: evaluation(adapter, n, into, log) for n in EVALUATIONS}
     minutes = (time.monotonic() - started) / 60
     if arm.grpo:
@@ -310,8 +357,6 @@ def run_arm(name: str) -> dict:
         (into / "analysis.md").write_text("\n".join(kept) + "\n", encoding="utf-8")
     if arm.sft:
         shutil.copy(out / "sft" / "learning.log", into / "sft_learning.log")
-    if name == "recipe":  # the adapter users can take, with its model card
-        shutil.copytree(adapter, into / "adapter", dirs_exist_ok=True)
     steps = steps_of(out) if arm.grpo else []
     rewards = [s["reward"] for s in steps]
     row = {
@@ -335,6 +380,8 @@ def run_arm(name: str) -> dict:
         "mean_frac_zero_std": statistics.fmean(s[zero_std_key(steps)] for s in steps) if steps else None,
     }
     row.update(comparisons(row))
+    if name == "recipe":
+        add_evaluations_to_card(adapter / "README.md", {n: row[n] for n in EVALUATIONS})
     write_results([r for r in read_results() if r["arm"] != name] + [row])
     return row
 

@@ -141,3 +141,53 @@ def test_the_p_values_in_the_docs_are_the_sign_tests_and_holms(page: str) -> Non
     adjusted = holm(sign_tests(ROWS)).values()
     written = re.findall(r"adjusted (?:p )?([0-9.]*[0-9])", text)
     assert written and all(any(within_its_rounding(p, a) for a in adjusted) for p in written), written
+
+
+def test_the_recipes_adapter_is_committed_in_bf16_naming_its_base_in_the_repository(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """portable_adapter on a real PEFT adapter (of the tiny model, its LoRA B trained away from zero): bf16
+    weights equal to the trained ones rounded, the base named as `make real-model` makes it, and on that base
+    (here the tiny model, given as evaluate.py's --base) the same logits as the adapter it came from."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from bench.real_model_learning import MODEL, portable_adapter, repository_path
+    from models import load_model
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(std=0.5, generator=torch.Generator().manual_seed(0))
+    trained = tmp_path / "adapter"
+    model.save_pretrained(trained)
+    (trained / "README.md").write_text("# the run's model card\n", encoding="utf-8")
+
+    committed = portable_adapter(trained, tmp_path / "committed")
+
+    assert sorted(p.name for p in committed.iterdir()) == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    config = json.loads((committed / "adapter_config.json").read_text(encoding="utf-8"))
+    assert config["base_model_name_or_path"] == repository_path(MODEL.folder) == "models/" + MODEL.folder.name
+    original, saved = (
+        load_file(trained / "adapter_model.safetensors"),
+        load_file(committed / "adapter_model.safetensors"),
+    )
+    assert original.keys() == saved.keys() and all(v.dtype == torch.bfloat16 for v in saved.values())
+    assert all(torch.equal(saved[k], original[k].to(torch.bfloat16)) for k in original)
+    tokens = torch.tensor([[1, 5, 9, 2, 7]])
+    reference, _ = load_model(str(trained), base=str(tiny_model))
+    loaded, _ = load_model(str(committed), base=str(tiny_model))
+    with torch.no_grad():
+        expected, got = reference(tokens).logits, loaded(tokens).logits
+        with reference.disable_adapter():
+            assert (reference(tokens).logits - expected).abs().max() > 0.1  # the adapter does something
+    assert torch.allclose(got, expected, atol=2e-2), (got - expected).abs().max()
