@@ -314,7 +314,40 @@ def one_line_reason(err: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-class CompiledSampler:
+class Sampler:
+    """What the two samplers share: they are installed as the policy's `generate`, and they score given
+    completions through their own `generate`, so that a test can measure what they sample."""
+
+    batch_size: int | None = None  # calls with fewer rows are padded to this many (CompiledSampler's round)
+
+    def install(self, model: PeftModel) -> None:
+        """Make this sampler `model.generate`. TRL's GRPOTrainer samples (without vLLM) by calling `generate`
+        on the model `unwrap_model_for_generation` hands it, which is this object (accelerate and DDP wrap
+        it, they do not replace it), so an attribute on it is the narrowest hook: no TRL code replaced or
+        copied. Settings under which the compiled graph would be wrong (frozen or sharded weights) never get
+        here: settings.compiled_refusal turns them to plain sampling before the model loads."""
+        model.generate = functools.partial(self.generate, model)
+
+    def token_logprobs(
+        self,
+        model: PreTrainedModel | PeftModel,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_ids: torch.Tensor,
+        generation_config: GenerationConfig,
+    ) -> torch.Tensor:
+        """Log-probabilities (batch, completion length) that this sampler's distribution gives
+        `completion_ids` after the prompts (forced_logprobs), through the same path as its sampling (for
+        CompiledSampler the same weights, cache and compiled step). Measures that the sampler samples the
+        policy trained. The completions are padded to `batch_size` rows, as `generate` pads the prompts."""
+        rows = completion_ids.shape[0]
+        if self.batch_size is not None and rows < self.batch_size:
+            completion_ids = padded_rows(completion_ids, self.batch_size)
+        generate = functools.partial(self.generate, model)
+        return forced_logprobs(generate, input_ids, attention_mask, completion_ids, generation_config)[:rows]
+
+
+class CompiledSampler(Sampler):
     """`generate` through the policy with a static KV cache and transformers' compiled decoding step.
 
     `batch_size` is a training round's rows on this process: calls with fewer rows (a small held-out set)
@@ -346,14 +379,6 @@ class CompiledSampler:
         self.lora_copies: dict[torch.nn.Parameter, torch.Tensor] = {}  # the LoRA in the base's dtype
         self.compiled_state: ModuleState | None = None  # the module state of this sampler's last compile
         self.recompile_reason = ""
-
-    def install(self, model: PeftModel) -> None:
-        """Make this sampler `model.generate`. TRL's GRPOTrainer samples (without vLLM) by calling `generate`
-        on the model `unwrap_model_for_generation` hands it, which is this object (accelerate and DDP wrap
-        it, they do not replace it), so an attribute on it is the narrowest hook: no TRL code replaced or
-        copied. Settings under which the compiled graph would be wrong (frozen or sharded weights) never get
-        here: settings.compiled_refusal turns them to plain sampling before the model loads."""
-        model.generate = functools.partial(self.generate, model)
 
     def generation_config(self, config: GenerationConfig, device: torch.device) -> GenerationConfig:
         """`config` with compilation allowed, for the sampler's own static cache."""
@@ -500,25 +525,8 @@ class CompiledSampler:
                 "TORCH_LOGS=cudagraphs says)"
             )
 
-    def token_logprobs(
-        self,
-        model: PreTrainedModel | PeftModel,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        completion_ids: torch.Tensor,
-        generation_config: GenerationConfig,
-    ) -> torch.Tensor:
-        """Log-probabilities (batch, completion length) that this sampler's distribution gives
-        `completion_ids` after the prompts (forced_logprobs), through the same weights, cache and compiled
-        step as sampling. Measures that the sampler samples the policy trained."""
-        rows = completion_ids.shape[0]
-        if self.batch_size is not None and rows < self.batch_size:
-            completion_ids = padded_rows(completion_ids, self.batch_size)
-        generate = functools.partial(self.generate, model)
-        return forced_logprobs(generate, input_ids, attention_mask, completion_ids, generation_config)[:rows]
 
-
-class PlainSampler:
+class PlainSampler(Sampler):
     """TRL's plain sampling (`generate` on the PEFT model, dynamic cache, no compile) in the sampler's model
     state (sampling_state: eval mode, so no LoRA dropout) and, where the base weights are bf16, with the LoRA
     multiplied from bf16 copies refreshed every call (lora_in_base_dtype): what the trainer's forward
@@ -528,10 +536,6 @@ class PlainSampler:
 
     def __init__(self) -> None:
         self.lora_copies: dict[torch.nn.Parameter, torch.Tensor] = {}
-
-    def install(self, model: PeftModel) -> None:
-        """Make this sampler `model.generate`, as CompiledSampler.install does."""
-        model.generate = functools.partial(self.generate, model)
 
     def generate(
         self,
@@ -543,18 +547,6 @@ class PlainSampler:
     ):
         with lora_in_base_dtype(model, self.lora_copies):
             return plain_generate(model, input_ids, attention_mask, generation_config, **kwargs)
-
-    def token_logprobs(
-        self,
-        model: PreTrainedModel | PeftModel,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        completion_ids: torch.Tensor,
-        generation_config: GenerationConfig,
-    ) -> torch.Tensor:
-        """As CompiledSampler.token_logprobs, through this sampler's own path."""
-        generate = functools.partial(self.generate, model)
-        return forced_logprobs(generate, input_ids, attention_mask, completion_ids, generation_config)
 
 
 def forced_logprobs(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -258,69 +259,80 @@ def frac_zero_std_name(rows: Sequence[Row]) -> str:
     )
 
 
+# A band's words begin with the sign that a healthy value holds to the band's limit; these are their tests.
+HEALTHY = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+def band_check(
+    name: str,
+    title: str,
+    metric: str,
+    value: float | None,
+    band: str,
+    limit: float | None,
+    meaning: str,
+    advice: tuple[tuple[str, str], ...],
+) -> Check:
+    """A check of `value` against one edge of a band, unjudged while the value or the limit is unknown. The
+    test is the sign `band` begins with, so the band shown and the test made cannot disagree."""
+    ok = None if value is None or limit is None else HEALTHY[band.split(" ", 1)[0]](value, limit)
+    return Check(name, title, metric, value, band, ok, meaning, advice, limit=limit)
+
+
 # --- the seed's bands ----------------------------------------------------------------------------------
 
 
 def check_frac_zero_std(history: Sequence[Row], knobs: Knobs) -> Check:
-    value = stuck_groups(recent(history))
-    return Check(
+    return band_check(
         "frac_zero_std",
         "Mode collapse",
         frac_zero_std_name(recent(history)),
-        value,
+        stuck_groups(recent(history)),
         f"< {FRAC_ZERO_STD_MAX:.2f}",
-        None if value is None else value < FRAC_ZERO_STD_MAX,
+        FRAC_ZERO_STD_MAX,
         "groups whose completions all score the same give GRPO no learning signal",
         (
             diversity_advice(history, knobs),
             (knobs.more_generations(), "more samples per prompt, so fewer groups tie"),
         ),
-        limit=FRAC_ZERO_STD_MAX,
     )
 
 
 def check_entropy_low(history: Sequence[Row], knobs: Knobs) -> Check:
-    value = mean_of(recent(history), "entropy")
-    low = ENTROPY_BAND[0]
-    return Check(
+    return band_check(
         "entropy_low",
         "Unstable entropy",
         "entropy",
-        value,
-        f">= {low:.2f}",
-        None if value is None else value >= low,
+        mean_of(recent(history), "entropy"),
+        f">= {ENTROPY_BAND[0]:.2f}",
+        ENTROPY_BAND[0],
         "the model is too confident to explore",
         ((knobs.hotter(), "more exploration"),),
-        limit=low,
     )
 
 
 def check_entropy_high(history: Sequence[Row], knobs: Knobs) -> Check:
-    value = mean_of(recent(history), "entropy")
-    high = ENTROPY_BAND[1]
-    return Check(
+    return band_check(
         "entropy_high",
         "Unstable entropy",
         "entropy",
-        value,
-        f"<= {high:.2f}",
-        None if value is None else value <= high,
+        mean_of(recent(history), "entropy"),
+        f"<= {ENTROPY_BAND[1]:.2f}",
+        ENTROPY_BAND[1],
         "the model is guessing rather than learning",
         ((knobs.cooler(), "less random sampling"),),
-        limit=high,
     )
 
 
 def check_entropy_swing(history: Sequence[Row], knobs: Knobs) -> Check:
     values = values_of(recent(history), "entropy")
-    value = max(values) - min(values) if len(values) >= 2 else None
-    return Check(
+    return band_check(
         "entropy_swing",
         "Unstable entropy",
         "entropy swing (max - min)",
-        value,
+        max(values) - min(values) if len(values) >= 2 else None,
         f"< {ENTROPY_SWING_MAX:.2f}",
-        None if value is None else value < ENTROPY_SWING_MAX,
+        ENTROPY_SWING_MAX,
         "wide swings mean an unstable balance between exploring and exploiting",
         ((knobs.more_generations(), "a steadier estimate per prompt"),),
     )
@@ -329,14 +341,13 @@ def check_entropy_swing(history: Sequence[Row], knobs: Knobs) -> Check:
 def check_reward_cv(history: Sequence[Row], knobs: Knobs) -> Check:
     window = recent(history)
     mean, std = mean_of(window, "reward"), mean_of(window, "reward_std")
-    value = std / mean if mean and std is not None and mean > 0 else None
-    return Check(
+    return band_check(
         "reward_cv",
         "High reward variance",
         "reward CV (std/mean)",
-        value,
+        std / mean if mean and std is not None and mean > 0 else None,
         f"< {REWARD_CV_MAX:.2f}",
-        None if value is None else value < REWARD_CV_MAX,
+        REWARD_CV_MAX,
         "output quality is inconsistent, so the learning signal is unstable",
         ((knobs.more_generations(), "more samples per prompt give a better advantage estimate"),),
     )
@@ -344,7 +355,6 @@ def check_reward_cv(history: Sequence[Row], knobs: Knobs) -> Check:
 
 def check_reward_level(history: Sequence[Row], knobs: Knobs) -> Check:
     epoch = last_epoch(history)
-    value = mean_of(recent(history), "reward")
     floor = reward_floor(epoch)
     clipped = mean_of(recent(history), "completions/clipped_ratio")
     if epoch >= STOP_EPOCH:
@@ -353,28 +363,26 @@ def check_reward_level(history: Sequence[Row], knobs: Knobs) -> Check:
         advice = ((knobs.faster(), "rewards should climb faster"),)
         if clipped is None or clipped >= CLIPPED_MAX:
             advice += ((knobs.longer(), "if solutions are cut off before (* END *)"),)
-    return Check(
+    return band_check(
         "reward_level",
         "Low absolute reward",
         "reward",
-        value,
+        mean_of(recent(history), "reward"),
         f"> {floor:.2f} at epoch {epoch:.2f}; > 0.20 by 0.5, > 0.35 by 1.0",
-        None if value is None else value > floor,
+        floor,
         "the run is behind the seed's trajectory",
         advice,
     )
 
 
 def check_grad_norm_low(history: Sequence[Row], knobs: Knobs) -> Check:
-    value = mean_of(recent(history), "grad_norm")
-    low = GRAD_NORM_BAND[0]
-    return Check(
+    return band_check(
         "grad_norm_low",
         "No learning signal",
         "grad_norm",
-        value,
-        f">= {low:g}",
-        None if value is None else value >= low,
+        mean_of(recent(history), "grad_norm"),
+        f">= {GRAD_NORM_BAND[0]:g}",
+        GRAD_NORM_BAND[0],
         "the policy is hardly being updated, usually because every group's rewards tie",
         (diversity_advice(history, knobs),),
     )
@@ -382,29 +390,26 @@ def check_grad_norm_low(history: Sequence[Row], knobs: Knobs) -> Check:
 
 def check_grad_norm(history: Sequence[Row], knobs: Knobs) -> Check:
     values = values_of(recent(history), "grad_norm")
-    value = max(values) if values else None
-    high = GRAD_NORM_BAND[1]
-    return Check(
+    return band_check(
         "grad_norm",
         "Gradient spikes",
         "grad_norm (max)",
-        value,
-        f"<= {high:g}",
-        None if value is None else value <= high,
+        max(values) if values else None,
+        f"<= {GRAD_NORM_BAND[1]:g}",
+        GRAD_NORM_BAND[1],
         "large updates can undo what the policy learned",
         ((knobs.slower(), "smaller steps"),),
     )
 
 
 def check_clipped(history: Sequence[Row], knobs: Knobs) -> Check:
-    value = mean_of(recent(history), "completions/clipped_ratio")
-    return Check(
+    return band_check(
         "clipped",
         "Completions cut at the length limit",
         "completions/clipped_ratio",
-        value,
+        mean_of(recent(history), "completions/clipped_ratio"),
         f"< {CLIPPED_MAX:.2f}",
-        None if value is None else value < CLIPPED_MAX,
+        CLIPPED_MAX,
         "completions run past the length limit without (* END *): unfinished code or rambling",
         ((knobs.longer(), "room to finish when the clipped completions are unfinished code"),),
     )
@@ -456,37 +461,33 @@ def seed_criteria(
 
 
 def check_tied_rise(history: Sequence[Row], knobs: Knobs) -> Check:
-    start, value = stuck_groups(early(history)), stuck_groups(recent(history))
-    ceiling = None if start is None else start + TIED_RISE
-    return Check(
+    start = stuck_groups(early(history))
+    return band_check(
         "tied_rise",
         "Tied groups rising",
         frac_zero_std_name(recent(history)),
-        value,
+        stuck_groups(recent(history)),
         f"<= {TIED_RISE:.2f} over its first {BASELINE_STEPS} steps' {_num(start)}",
-        None if value is None or ceiling is None else value <= ceiling,
+        None if start is None else start + TIED_RISE,
         "more and more groups score all alike, and a tied group gives GRPO no learning signal",
         (
             (knobs.hotter(), "more diverse samples within each group"),
             (knobs.more_generations(), "more samples per prompt, so fewer groups tie"),
         ),
-        limit=ceiling,
     )
 
 
 def check_entropy_fall(history: Sequence[Row], knobs: Knobs) -> Check:
-    start, value = mean_of(early(history), "entropy"), mean_of(recent(history), "entropy")
-    floor = None if start is None else ENTROPY_FALL * start
-    return Check(
+    start = mean_of(early(history), "entropy")
+    return band_check(
         "entropy_fall",
         "Entropy collapsing",
         "entropy",
-        value,
+        mean_of(recent(history), "entropy"),
         f">= {ENTROPY_FALL:g} x its first {BASELINE_STEPS} steps' {_num(start)}",
-        None if value is None or floor is None else value >= floor,
+        None if start is None else ENTROPY_FALL * start,
         "the policy is narrowing onto a few answers and stops exploring",
         ((knobs.hotter(), "more exploration"),),
-        limit=floor,
     )
 
 
@@ -494,18 +495,15 @@ def check_grad_jump(history: Sequence[Row], knobs: Knobs) -> Check:
     values = values_of(history, "grad_norm")
     median = statistics.median(values) if values else None
     peaks = values_of(recent(history), "grad_norm")
-    value = max(peaks) if peaks else None
-    ceiling = None if median is None else GRAD_JUMP * median
-    return Check(
+    return band_check(
         "grad_jump",
         "Gradient spikes",
         "grad_norm (max)",
-        value,
+        max(peaks) if peaks else None,
         f"<= {GRAD_JUMP:g} x the run's median {_num(median)}",
-        None if value is None or ceiling is None else value <= ceiling,
+        None if median is None else GRAD_JUMP * median,
         "an update an order of magnitude larger than the run's usual can undo what the policy learned",
         ((knobs.slower(), "smaller steps"),),
-        limit=ceiling,
     )
 
 
@@ -568,13 +566,13 @@ def check_gated(gated_share: float | None, knobs: Knobs) -> Check:
     """The 8-line gate zeroes short answers that fail their tests (a right one always scores): where many do,
     their groups tie at 0 with no partial credit to rank them. Judged from the reward logs, counting only
     gated completions that look like code (gating gibberish is the gate doing its job)."""
-    return Check(
+    return band_check(
         "gated",
         "Short answers gated",
         "gated share (code-like completions)",
         gated_share,
         f"< {GATED_MAX:.2f}",
-        None if gated_share is None else gated_share < GATED_MAX,
+        GATED_MAX,
         "completions that look like OCaml but are shorter than MIN_NON_EMPTY_LINES and fail their tests "
         "earn nothing, so their groups tie",
         ((knobs.shorter_gate(), "give short attempts the partial credit that ranks them"),),

@@ -2,15 +2,20 @@
 HealthMonitor inside callbacks and a real GRPO run; tests/test_run_health.py runs real logs through both."""
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from transformers import TrainerControl, TrainerState
+from transformers import TrainerCallback, TrainerControl, TrainerState
 
 import health_bands as bands
 import monitor
 from health_bands import RELATIVE, SEED, Knobs, Profile
 from monitor import HealthMonitor
+
+if TYPE_CHECKING:
+    from trl import GRPOTrainer
 
 # The seed's six log lines at epoch 0.28-0.29, as TRL names the metrics.
 SEED_LINES = [
@@ -275,44 +280,60 @@ def test_only_the_main_process_writes_but_every_process_stops() -> None:
     assert lines == [] and control.should_training_stop
 
 
+def tiny_grpo_trainer(
+    model_dir: Path,
+    output_dir: Path,
+    reward: Callable[..., list[float]],
+    callbacks: list[TrainerCallback],
+    **config,
+) -> "GRPOTrainer":
+    """Real TRL on the CPU, as this file's real runs use it: the tiny model on 8 prompts, groups of 4
+    completions of up to 8 tokens, a log line every step. `config` is the rest of GRPOConfig (how long the
+    run is, what it saves), which is what those runs differ in."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        **config,
+    )
+    return GRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": f"let f{i} x ="} for i in range(8)]),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        callbacks=callbacks,
+    )
+
+
 @pytest.mark.parametrize(("profile", "stop_step"), [(SEED, 8), (RELATIVE, bands.COLLAPSE_STEPS)], ids=str)
 def test_monitor_in_a_real_grpo_run_stops_a_total_collapse(
     tmp_path: Path, profile: Profile, stop_step
 ) -> None:
     """A constant reward is total mode collapse: the seed's bands warn and stop a 3-epoch run at epoch 1.0
     (step 8), the relative bands as soon as every group has tied for 5 steps."""
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
     from demo import build_tiny_model
-
-    model_dir = build_tiny_model(tmp_path / "tiny")
-    dataset = Dataset.from_list([{"prompt": f"let f{i} x ="} for i in range(8)])
 
     def constant_reward(completions, **kwargs) -> list[float]:
         return [0.05] * len(completions)
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        num_train_epochs=3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-    )
     lines: list[str] = []
-    trainer = GRPOTrainer(
-        model=str(model_dir),
-        reward_funcs=[constant_reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-        callbacks=[HealthMonitor(lines.append, stop_on_red_flags=True, profile=profile)],
+    trainer = tiny_grpo_trainer(
+        build_tiny_model(tmp_path / "tiny"),
+        tmp_path / "run",
+        constant_reward,
+        [HealthMonitor(lines.append, stop_on_red_flags=True, profile=profile)],
+        num_train_epochs=3,
+        save_strategy="no",
     )
     trainer.train()
     if profile is SEED:
@@ -529,11 +550,6 @@ def test_steps_that_trained_no_group_log_no_entropy_and_no_check_reads_that_as_a
 def test_a_resumed_grpo_run_gives_the_monitor_each_step_once(tmp_path: Path, tiny_model: Path) -> None:
     """Real TRL: 7 steps with checkpoint-5 (as if killed at step 7), then --resume from checkpoint-5 to step 9
     with a new monitor given the first run's log events, as train.py reads them back from metrics.jsonl."""
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    dataset = Dataset.from_list([{"prompt": f"let f{i} x ="} for i in range(8)])
     log: list[str] = []  # learning.log in short: the step lines and the monitors' lines, in order
     events: list[dict] = []  # metrics.jsonl
 
@@ -546,26 +562,10 @@ def test_a_resumed_grpo_run_gives_the_monitor_each_step_once(tmp_path: Path, tin
         def constant_reward(completions, **kwargs) -> list[float]:
             return [reward] * len(completions)
 
-        args = GRPOConfig(
-            output_dir=str(tmp_path),
-            per_device_train_batch_size=4,
-            num_generations=4,
-            max_completion_length=8,
-            max_steps=steps,
-            logging_steps=1,
-            save_steps=5,
-            report_to="none",
-            use_cpu=True,
-            bf16=False,
+        trainer = tiny_grpo_trainer(
+            tiny_model, tmp_path, constant_reward, [Events(), health], max_steps=steps, save_steps=5
         )
-        GRPOTrainer(
-            model=str(tiny_model),
-            reward_funcs=[constant_reward],
-            args=args,
-            train_dataset=dataset,
-            processing_class=AutoTokenizer.from_pretrained(tiny_model),
-            callbacks=[Events(), health],
-        ).train(resume_from_checkpoint=resume)
+        trainer.train(resume_from_checkpoint=resume)
 
     train(7, 0.1, HealthMonitor(log.append, stop_on_red_flags=False, profile=SEED), None)
     resumed = HealthMonitor(log.append, stop_on_red_flags=False, earlier=list(events), profile=SEED)
@@ -623,9 +623,6 @@ def test_a_real_trainer_step_with_an_infinite_gradient_leaves_the_weights_and_sa
     """Real TRL, as train.py wires it: backward puts an inf into one weight's gradient at step 1, the Trainer
     clips (which makes every gradient nan), the guard drops the update; step 2 trains as usual."""
     import torch
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     lines: list[str] = []
     weights: dict[int, dict[str, torch.Tensor]] = {}
@@ -637,26 +634,14 @@ def test_a_real_trainer_step_with_an_infinite_gradient_leaves_the_weights_and_sa
     def length_reward(completions, **kwargs) -> list[float]:  # groups that differ, so that a step learns
         return [len(c) % 5 / 4 for c in completions]
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
+    trainer = tiny_grpo_trainer(
+        tiny_model,
+        tmp_path,
+        length_reward,
+        [monitor.SkipNonFiniteUpdates(lines.append), Weights()],
         max_steps=2,
-        logging_steps=1,
         save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
         learning_rate=1e-2,
-    )
-    trainer = GRPOTrainer(
-        model=str(tiny_model),
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": f"let f{i} x ="} for i in range(8)]),
-        processing_class=AutoTokenizer.from_pretrained(tiny_model),
-        callbacks=[monitor.SkipNonFiniteUpdates(lines.append), Weights()],
     )
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     poisoned = trainer.model.model.layers[0].mlp.up_proj.weight
