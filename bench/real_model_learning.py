@@ -148,7 +148,8 @@ ARMS = {
     # The recipe and what it is measured against (RECIPE's shape). The three with SFT share one warm start.
     "sft-only": Arm("the recipe's SFT warm start alone, no GRPO", RECIPE, sft=True, grpo=False),
     "recipe": Arm("SFT on our verified solutions, then GRPO from its adapter", RECIPE, sft=True),
-    "grpo-only": Arm("the recipe's GRPO alone, from the base model", RECIPE),
+    # GRPO alone keeps the worked example: without SFT the base learns the answer's form from it.
+    "grpo-only": Arm("the recipe's GRPO alone, from the base model", {**RECIPE, "GRPO_FEW_SHOT": "1"}),
     # The control: the recipe trained on rewards blind to correctness (reward_control.py).
     "random-reward": Arm(
         "the recipe with each step's rewards shuffled across its completions (GRPO_REWARD_CONTROL=shuffled)",
@@ -220,32 +221,35 @@ def base_evaluations(log: Path) -> dict[str, Path]:
     }
 
 
-def warm_start(settings: dict[str, str], log: Path) -> Path:
+def warm_start(settings: dict[str, str], log: Path) -> tuple[Path, float]:
     """`train.py --sft` under `settings`, made once: arms whose settings differ only in GRPO's reward
-    control (which SFT never reads) share it, so that they differ only in what GRPO does. Returns the
-    adapter."""
+    control (which SFT never reads) share it, so that they differ only in what GRPO does. Returns its SFT
+    folder and the minutes it took when it was made."""
     sft_settings = {k: v for k, v in settings.items() if k not in ("GRPO_REWARD_CONTROL", "GRPO_OUTPUT_DIR")}
-    key = json.dumps(sft_settings, sort_keys=True)
-    out = RUNS / f"warm-start-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
-    adapter = out / "sft" / "adapter"
-    made = out / "settings.json"  # written once the adapter is
-    if not (made.is_file() and made.read_text(encoding="utf-8") == key):
+    out = (
+        RUNS
+        / f"warm-start-{hashlib.sha256(json.dumps(sft_settings, sort_keys=True).encode()).hexdigest()[:8]}"
+    )
+    made = out / "made.json"  # written once the adapter is
+    if not (made.is_file() and json.loads(made.read_text(encoding="utf-8"))["settings"] == sft_settings):
         shutil.rmtree(out, ignore_errors=True)
+        started = time.monotonic()
         run(["train.py", "--sft"], {**sft_settings, "GRPO_OUTPUT_DIR": str(out)}, log)
-        made.write_text(key, encoding="utf-8")
-    return adapter
+        minutes = (time.monotonic() - started) / 60
+        made.write_text(json.dumps({"settings": sft_settings, "minutes": minutes}), encoding="utf-8")
+    return out / "sft", json.loads(made.read_text(encoding="utf-8"))["minutes"]
 
 
-def train(name: str, arm: Arm, log: Path) -> tuple[Path, Path]:
-    """The arm's run (its --sft warm start first where it has one): the run's folder and its adapter."""
+def train(name: str, arm: Arm, sft: Path | None, log: Path) -> tuple[Path, Path]:
+    """The arm's run (GRPO from the warm start's adapter where it has one): the run's folder and its
+    adapter."""
     out = RUNS / name
     shutil.rmtree(out, ignore_errors=True)
+    if sft and not arm.grpo:
+        return out, sft / "adapter"
     settings = {**SHARED, **arm.settings, "GRPO_OUTPUT_DIR": str(out)}
-    if arm.sft:
-        settings["GRPO_INIT_ADAPTER"] = str(warm_start(settings, log))
-        if not arm.grpo:
-            shutil.copytree(Path(settings["GRPO_INIT_ADAPTER"]).parent, out / "sft")
-            return out, out / "sft" / "adapter"
+    if sft:
+        settings["GRPO_INIT_ADAPTER"] = str(sft / "adapter")
     run(["train.py"], settings, log)
     return out, out / "adapter"
 
@@ -343,20 +347,21 @@ def run_arm(name: str) -> dict:
     log = RUNS / f"{name}.log"  # every command's output: progress, notes
     log.write_text(f"arm {name}: {arm.lever}\n", encoding="utf-8")
     base = base_evaluations(RUNS / "base.log")
+    sft, sft_minutes = warm_start({**SHARED, **arm.settings}, log) if arm.sft else (None, 0.0)
     started = time.monotonic()
-    out, adapter = train(name, arm, log)
+    out, adapter = train(name, arm, sft, log)
     if name == "recipe":  # the adapter users take, evaluated as they get it
         adapter = portable_adapter(adapter, into / "adapter")
     trained = {n: evaluation(adapter, n, into, log) for n in EVALUATIONS}
-    minutes = (time.monotonic() - started) / 60
+    minutes = sft_minutes + (time.monotonic() - started) / 60  # as if the warm start were the arm's own
     if arm.grpo:
         shutil.copy(out / "learning.log", into / "learning.log")
         run(["analyze.py", str(out)], {}, log)  # the run report: what the health monitor saw
         report = (out / "analysis.md").read_text(encoding="utf-8").splitlines()
         kept = [line for line in report if not line.startswith("![analysis_")]  # its plots stay with the run
         (into / "analysis.md").write_text("\n".join(kept) + "\n", encoding="utf-8")
-    if arm.sft:
-        shutil.copy(out / "sft" / "learning.log", into / "sft_learning.log")
+    if sft:
+        shutil.copy(sft / "learning.log", into / "sft_learning.log")
     steps = steps_of(out) if arm.grpo else []
     rewards = [s["reward"] for s in steps]
     row = {
