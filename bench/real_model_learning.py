@@ -446,8 +446,8 @@ def holm_note(rows: list[dict]) -> str:
         else ""
     )
     return (
-        f"(p): the exact two-sided sign test of the problems that improved against those that regressed. "
-        f"{named}{len(tests)} tests against one base draw: after Holm's correction (family-wise 0.05) "
+        "[low, high]: pass@1's 95% interval, a bootstrap over problems. (p): the exact two-sided sign test "
+        f"of the problems that improved against those that regressed (docs/statistics.md). {named}{len(tests)} tests against one base draw: after Holm's correction (family-wise 0.05) "
         f"{'only ' + ', '.join(kept) if kept else 'none'} stands."
     )
 
