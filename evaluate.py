@@ -18,13 +18,14 @@ eval_stats.summarize) also serve the trainer's in-training evaluation.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 # more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
 # 1 GiB, small on any GPU.
 DEFAULT_BATCH_SIZE = 32
+# Tokens a batch generates between its finished rows leaving it (generate_in_chunks).
+EVAL_CHUNK = 32
 
 
 def pick_problems(problems: list[dict], n: int | None, seed: int) -> list[dict]:
@@ -85,9 +88,11 @@ def sample_completions(
     batch_size: int,
     seed: int,
     progress: Callable[[int], None] | None = None,
+    chunk: int | None = None,
 ) -> list[dict]:
     """k completions per problem as {problem_id, sample, completion, truncated, length}, problem by problem,
-    from the training prompt with the run's sampling settings (generate_samples says how they are batched)."""
+    from the training prompt with the run's sampling settings (generate_samples says how they are batched,
+    and what `chunk` does)."""
     from transformers import GenerationConfig
 
     texts = {
@@ -134,6 +139,8 @@ def sample_completions(
         seed=seed,
         special_tokens=False,
         progress=progress,
+        chunk=chunk,
+        ended={*stop, tokenizer.pad_token_id},
     )
 
 
@@ -147,6 +154,7 @@ def sample_continuations(
     seed: int,
     protocol: Protocol = MULTIPL_E,
     progress: Callable[[int], None] | None = None,
+    chunk: int | None = None,
 ) -> list[dict]:
     """k raw continuations of each prompt as {problem_id, sample, completion, truncated, length}, in
     MultiPL-E's way (multipl_e.Protocol): the prompt stripped and tokenized as plain text (no chat template),
@@ -185,8 +193,67 @@ def sample_continuations(
 
     wanted = [(p["id"], i, p["problem"].strip()) for p in problems for i in range(k)]
     return generate_samples(
-        model, tokenizer, wanted, sampling, continuation, batch_size=batch_size, seed=seed, progress=progress
+        model,
+        tokenizer,
+        wanted,
+        sampling,
+        continuation,
+        batch_size=batch_size,
+        seed=seed,
+        progress=progress,
+        chunk=chunk,
+        ended=finished,
     )
+
+
+def generate_in_chunks(
+    model, inputs: Mapping, sampling: GenerationConfig, ended: set[int], chunk: int, tokenizer=None
+) -> list[list[int]]:
+    """Each row's new token ids, generated `chunk` tokens at a time: between chunks the rows that have ended
+    (a token of `ended` among theirs) leave the batch and its KV cache, so one runaway completion does not
+    keep every finished row of its batch in each decoding step up to the token limit. Each row is sampled
+    from the same distribution as in one call (the processors act row by row), from other random draws. A
+    stop string that completes on a chunk's last token is not seen by the next chunk; the callers' readers
+    cut the text at its first stop sequence. `tokenizer` matches `sampling`'s stop strings."""
+    import torch
+    from transformers import StoppingCriteriaList, StopStringCriteria
+
+    step = copy.deepcopy(sampling)
+    step.return_dict_in_generate = True
+    stops = StoppingCriteriaList()
+    if (
+        sampling.stop_strings
+    ):  # matched by one criterion for every chunk: building it reads the whole vocabulary
+        stops.append(StopStringCriteria(tokenizer, sampling.stop_strings))
+        step.stop_strings = None
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    rows, new, cache, left = (
+        list(range(len(ids))),
+        [[] for _ in range(len(ids))],
+        None,
+        sampling.max_new_tokens,
+    )
+    while rows and left > 0:
+        step.max_new_tokens = min(chunk, left)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            past_key_values=cache,
+            generation_config=step,
+            stopping_criteria=stops,
+        )
+        added = out.sequences[:, ids.shape[1] :]
+        for row, tokens in zip(rows, added.tolist(), strict=True):
+            new[row] += tokens
+        left -= added.shape[1]
+        going = [i for i, tokens in enumerate(added.tolist()) if not ended.intersection(tokens)]
+        keep = torch.tensor(going, dtype=torch.long, device=ids.device)
+        cache = out.past_key_values
+        cache.batch_select_indices(keep)
+        ids = out.sequences[keep]
+        mask = torch.cat([mask, mask.new_ones(len(mask), added.shape[1])], dim=1)[keep]
+        rows = [rows[i] for i in going]
+    return new
 
 
 def generate_samples(
@@ -200,15 +267,20 @@ def generate_samples(
     seed: int,
     special_tokens: bool = True,
     progress: Callable[[int], None] | None = None,
+    chunk: int | None = None,
+    ended: set[int] | None = None,
 ) -> list[dict]:
     """Each (problem_id, sample, prompt text) of `wanted` sampled once with the GenerationConfig `sampling`,
     as {problem_id, sample, **read(the completion's token ids)}, in order.
 
     `batch_size` prompts go through one left-padded generate call, several problems' samples together; a
     short last batch is not filled up (the compiled sampler, generation.py, pads its calls to a round
-    itself). The same seed gives every model the same random stream; the caller's random state, train/eval
-    mode and grad mode are as they were afterwards, so the trainer can call this on the model it is training.
-    `progress` gets the number of completions sampled so far after each call.
+    itself). With `chunk`, a batch is generated that many tokens at a time and the rows that have ended (a
+    token of `ended`) leave it between chunks (generate_in_chunks: evaluate.py's own runs, where a runaway
+    would hold its batch; the trainer's evaluation keeps one call for its compiled sampler's shapes). The same
+    seed gives every model the same random stream; the caller's random state, train/eval mode and grad mode
+    are as they were afterwards, so the trainer can call this on the model it is training. `progress` gets the
+    number of completions sampled so far after each call.
     """
     import torch
 
@@ -230,8 +302,13 @@ def generate_samples(
                     padding_side="left",
                     add_special_tokens=special_tokens,
                 ).to(device)
-                output = model.generate(**inputs, generation_config=sampling, **tokenizer_for_stops)
-                completions = output[:, inputs["input_ids"].shape[1] :].tolist()
+                if chunk:
+                    completions = generate_in_chunks(
+                        model, inputs, sampling, ended, chunk, **tokenizer_for_stops
+                    )
+                else:
+                    output = model.generate(**inputs, generation_config=sampling, **tokenizer_for_stops)
+                    completions = output[:, inputs["input_ids"].shape[1] :].tolist()
                 for (problem_id, sample, _), ids in zip(batch, completions, strict=True):
                     samples.append({"problem_id": problem_id, "sample": sample, **read(ids)})
                 if progress:
@@ -289,10 +366,19 @@ def evaluate_model(
             seed=seed,
             protocol=protocol,
             progress=progress,
+            chunk=EVAL_CHUNK,
         )
     else:
         samples = sample_completions(
-            model, tokenizer, problems, cfg, k=k, batch_size=batch_size, seed=seed, progress=progress
+            model,
+            tokenizer,
+            problems,
+            cfg,
+            k=k,
+            batch_size=batch_size,
+            seed=seed,
+            progress=progress,
+            chunk=EVAL_CHUNK,
         )
     return score_samples(samples, problems, cfg)
 
