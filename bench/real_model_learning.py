@@ -5,14 +5,15 @@
     .venv/bin/python bench/real_model_learning.py --table         # results.md and the plot from results.jsonl
 
 Needs `make real-model` (the 0.5B) and ../shared/multipl-e/humaneval-ml-even.jsonl. An arm is a set of
-train.py settings over the bench's shared shape (SHARED). One arm runs: the base model's two held-out
-evaluations (made once, then reused: the same problems, k, seed and sampling for every arm), train.py (its
---sft warm start first where the arm has one), the trained adapter's two evaluations, evaluate.py's
-comparison of each with the base; then its row goes into results.jsonl and the table and the reward plot are
-made again.
+train.py settings over the bench's shared shape (SHARED; the recipe's arms over RECIPE too). One arm runs:
+the base model's held-out evaluations (made once, then reused: the same problems, k, seed and sampling for
+every arm), its --sft warm start where it has one (made once for every arm with the same SFT settings),
+train.py, the trained adapter's evaluations, evaluate.py's comparison of each with the base; then its row goes
+into results.jsonl and the table and the reward plot are made again.
 
 The held-out sets, never trained on: data/heldout.jsonl (48 problems x 4 samples, seed 0, the training prompt
-at temperature 0.9, up to 256 tokens) and MultiPL-E's even half (its own protocol, greedy, REPAIR_PROBLEMS=1).
+at temperature 0.9, up to 256 tokens) and MultiPL-E's even half (its own protocol, REPAIR_PROBLEMS=1), greedy
+and sampled (4 a problem at temperature 0.2; the nine first arms have greedy only).
 Every evaluation is scored by the default reward, whatever the arm trains with. Every figure comes from the
 Q4_K_M weights.
 """
@@ -447,7 +448,8 @@ def holm_note(rows: list[dict]) -> str:
     )
     return (
         "[low, high]: pass@1's 95% interval, a bootstrap over problems. (p): the exact two-sided sign test "
-        f"of the problems that improved against those that regressed (docs/statistics.md). {named}{len(tests)} tests against one base draw: after Holm's correction (family-wise 0.05) "
+        f"of the problems that improved against those that regressed (docs/statistics.md). {named}"
+        f"{len(tests)} tests against one base draw: after Holm's correction (family-wise 0.05) "
         f"{'only ' + ', '.join(kept) if kept else 'none'} stands."
     )
 
