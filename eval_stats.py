@@ -1,7 +1,7 @@
 """What an evaluation's rows say: pass@k, the summary of one evaluation, and the comparison of two with its
 uncertainty (a 95% bootstrap interval of each pass@1 over problems, and the exact sign test of the problems
-that improved against those that regressed). evaluate.py writes the rows; the benches and the run report read
-them here. docs/statistics.md says how to read the figures.
+that improved against those that regressed). evaluate.py writes the rows; its reports, the trainer's
+in-training evaluation and the benches read them here. docs/statistics.md says how to read the figures.
 """
 
 from __future__ import annotations
