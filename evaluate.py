@@ -140,7 +140,7 @@ def sample_completions(
         special_tokens=False,
         progress=progress,
         chunk=chunk,
-        ended={*stop, tokenizer.pad_token_id},
+        ended=set(stop),  # a row that ended wrote its end token; its reader reads to it
     )
 
 
