@@ -179,12 +179,22 @@ def run(args: list[str], settings: dict[str, str], log: Path) -> None:
         raise SystemExit(f"{' '.join(args)} exited {done.returncode}; see {log}")
 
 
+def evaluates(evaluation: Path, model: Path) -> bool:
+    """Whether `evaluation` is an evaluation of `model`'s weights as they are: written after all of them."""
+    written = evaluation.stat().st_mtime if evaluation.is_file() else None
+    return written is not None and written > max(f.stat().st_mtime for f in model.iterdir())
+
+
 def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256) -> Path:
     """evaluate.py's rows for `model` on one held-out set, into/eval_NAME.jsonl:
     `heldout` (the training prompt, `tokens` at most), `multipl_e` (MultiPL-E's protocol, greedy, repaired),
     `multipl_e_sampled` (the same sampled, K a problem at MultiPL-E's temperature 0.2),
     `multipl_e_published` (greedy, unrepaired: the problems as MultiPL-E publishes them) or `training` (a
-    fixed sample of data/problems.jsonl, as `heldout` is made: how hard the training set is for a model)."""
+    fixed sample of data/problems.jsonl, as `heldout` is made: how hard the training set is for a model).
+    One written after every file of `model` is kept, so that a stopped bench goes on where it stopped."""
+    target = into / f"eval_{name}.jsonl"
+    if evaluates(target, model):
+        return target
     into.mkdir(parents=True, exist_ok=True)
     scratch = into / f".{name}"
     args = ["evaluate.py", str(model), "--seed", "0", "--out-dir", str(scratch)]
@@ -198,7 +208,6 @@ def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256)
         args += ["-k", str(K)] if name.endswith("sampled") else ["--greedy", "-k", "1"]
         settings = {"REPAIR_PROBLEMS": "0" if name.endswith("published") else "1"}
     run(args, settings, log)
-    target = into / f"eval_{name}.jsonl"
     (scratch / f"eval_{model.name}.jsonl").replace(target)
     shutil.rmtree(scratch)
     return target
@@ -222,11 +231,29 @@ def base_evaluations(log: Path) -> dict[str, Path]:
     }
 
 
+# train.py's settings that `train.py --sft` never reads: arms that differ only in these share a warm start.
+GRPO_ONLY = (
+    "GRPO_MAX_STEPS",
+    "GRPO_BATCH_SIZE",
+    "GRPO_NUM_GENERATIONS",
+    "GRPO_LEARNING_RATE",
+    "GRPO_EVAL_STEPS",
+    "GRPO_EVAL_SAMPLES",
+    "GRPO_SAVE_STEPS",
+    "GRPO_REWARD_CONTROL",
+    "GRPO_OUTPUT_DIR",
+)
+
+
+def warm_start_settings(settings: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in settings.items() if k not in GRPO_ONLY}
+
+
 def warm_start(settings: dict[str, str], log: Path) -> tuple[Path, float]:
-    """`train.py --sft` under `settings`, made once: arms whose settings differ only in GRPO's reward
-    control (which SFT never reads) share it, so that they differ only in what GRPO does. Returns its SFT
-    folder and the minutes it took when it was made."""
-    sft_settings = {k: v for k, v in settings.items() if k not in ("GRPO_REWARD_CONTROL", "GRPO_OUTPUT_DIR")}
+    """`train.py --sft` under `settings`, made once: arms whose settings differ only in what GRPO alone
+    reads (GRPO_ONLY) share it, so that they differ only in what GRPO does. Returns its SFT folder and the
+    minutes it took when it was made."""
+    sft_settings = warm_start_settings(settings)
     out = (
         RUNS
         / f"warm-start-{hashlib.sha256(json.dumps(sft_settings, sort_keys=True).encode()).hexdigest()[:8]}"

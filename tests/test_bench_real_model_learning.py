@@ -6,6 +6,7 @@ evaluation files and each arm's learning.log, not by the bench's own code. No mo
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 from collections import Counter
@@ -15,7 +16,18 @@ from pathlib import Path
 import pytest
 
 from analyze import read_log
-from bench.real_model_learning import EVALUATIONS, MULTIPL_E_EVEN, RESULTS, read_results, sign_tests, table
+from bench.real_model_learning import (
+    ARMS,
+    EVALUATIONS,
+    MULTIPL_E_EVEN,
+    RESULTS,
+    SHARED,
+    evaluates,
+    read_results,
+    sign_tests,
+    table,
+    warm_start_settings,
+)
 from problems import BUNDLED_PROBLEMS, HELDOUT_PROBLEMS
 from rewards import STAGES, RewardConfig, score_files
 from stats import bootstrap_interval, holm, sign_test
@@ -191,3 +203,26 @@ def test_the_recipes_adapter_is_committed_in_bf16_naming_its_base_in_the_reposit
         with reference.disable_adapter():
             assert (reference(tokens).logits - expected).abs().max() > 0.1  # the adapter does something
     assert torch.allclose(got, expected, atol=2e-2), (got - expected).abs().max()
+
+
+def test_the_sft_arms_share_one_warm_start_which_grpo_settings_do_not_split() -> None:
+    def warm(arm: str, **changes: str) -> dict[str, str]:
+        return warm_start_settings({**SHARED, **ARMS[arm].settings, **changes})
+
+    assert warm("recipe") == warm("sft-only") == warm("random-reward")
+    assert warm("recipe", GRPO_MAX_STEPS="40", GRPO_LEARNING_RATE="1e-5") == warm("recipe")
+    assert warm("recipe", LORA_R="16") != warm("recipe")
+    assert warm("recipe", GRPO_FEW_SHOT="1") != warm("recipe")  # the SFT rows' prompt
+
+
+def test_an_evaluation_is_kept_only_when_written_after_every_file_of_its_model(tmp_path: Path) -> None:
+    model = tmp_path / "adapter"
+    model.mkdir()
+    (model / "adapter_model.safetensors").write_bytes(b"weights")
+    made = tmp_path / "eval_heldout.jsonl"
+    assert not evaluates(made, model)
+    made.write_text("{}\n", encoding="utf-8")
+    os.utime(model / "adapter_model.safetensors", (1_000, 1_000))
+    assert evaluates(made, model)
+    (model / "adapter_model.safetensors").write_bytes(b"retrained")  # the arm trained again
+    assert not evaluates(made, model)
