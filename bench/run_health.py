@@ -33,6 +33,7 @@ TABLE = re.compile(r"(<!-- health-table:start -->\n)(.*?)(\n<!-- health-table:en
 ABOUT = {
     "seed-analysis": "the seed analysis's six log lines (the 1.5B, full fine-tune, epoch 0.28-0.29)",
     "collapse-tiny": "a real short run in which every group ties (how: tests/fixtures/runs/README.md)",
+    "collapse-real": "the same collapse on the real 0.5B (how: tests/fixtures/runs/README.md)",
     **{
         f"demo-seed-{seed}": f"`make demo` with GRPO_SEED={seed} (the tiny model, 40 steps)"
         for seed in (42, 1, 2)

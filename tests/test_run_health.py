@@ -29,6 +29,7 @@ EXPECTED = {
     },
     "seed-analysis": (("green", "continue", None, None), ("yellow", "adjust", 5, None)),
     "collapse-tiny": (("red", "stop", 5, 5), ("yellow", "adjust", 5, None)),
+    "collapse-real": (("red", "stop", 5, 5), ("yellow", "adjust", 5, None)),
     "demo-seed-42": (("yellow", "adjust", 17, None), ("yellow", "adjust", 5, None)),
     "demo-seed-1": (("yellow", "adjust", 40, None), ("yellow", "adjust", 5, None)),
     "demo-seed-2": (("yellow", "adjust", 34, None), ("yellow", "adjust", 5, None)),
@@ -65,10 +66,11 @@ def test_the_demo_ends_on_a_held_out_check_by_default_as_its_held_out_pass_at_1_
         assert {"memorising", "heldout_stalled"} & set(relative.why), (seed, relative)
 
 
+@pytest.mark.parametrize("name", ["collapse-tiny", "collapse-real"])
 def test_the_collapse_is_stopped_by_the_default_at_step_5_and_only_warned_about_by_the_seeds_bands(
-    verdicts,
+    verdicts, name: str
 ) -> None:
-    relative, seed = verdicts["collapse-tiny"]
+    relative, seed = verdicts[name]
     assert "stop criteria" in relative.first and relative.stopped == 5
     assert seed.stopped is None and "frac_zero_std" in seed.why  # its stop criteria wait for epoch 1.0
 
