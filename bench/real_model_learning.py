@@ -468,6 +468,8 @@ def holm_note(rows: list[dict]) -> str:
     primary = {name: tests.pop(name) for name in PRIMARY if name in tests}
     kept = [f"{name} (adjusted p {p:.2g})" for name, p in holm(tests).items() if p < 0.05]
     judged = ", ".join(f"{name} (p {p:.2g})" for name, p in primary.items())
+    listed = ", ".join(kept[:-1]) + " and " + kept[-1] if len(kept) > 1 else "".join(kept)
+    survivors = f"only {listed} {'stand' if len(kept) > 1 else 'stands'}" if kept else "none stands"
     named = (
         f"The primary comparisons, named before the runs: {judged}, each judged at 0.05. The other "
         if primary
@@ -477,7 +479,7 @@ def holm_note(rows: list[dict]) -> str:
         "[low, high]: pass@1's 95% interval, a bootstrap over problems. (p): the exact two-sided sign test "
         f"of the problems that improved against those that regressed (docs/statistics.md). {named}"
         f"{len(tests)} tests against one base draw: after Holm's correction (family-wise 0.05) "
-        f"{'only ' + ', '.join(kept) if kept else 'none'} stands."
+        f"{survivors}."
     )
 
 

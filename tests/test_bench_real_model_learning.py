@@ -20,6 +20,7 @@ from bench.real_model_learning import (
     ARMS,
     EVALUATIONS,
     MULTIPL_E_EVEN,
+    PRIMARY,
     RESULTS,
     SHARED,
     evaluates,
@@ -150,7 +151,8 @@ def test_the_p_values_in_the_docs_are_the_sign_tests_and_holms(page: str) -> Non
         assert p == f"{sign_test(int(improved), int(regressed)):.2g}", (improved, regressed, p)
     for improved, regressed, p in sentences:
         assert within_its_rounding(p, sign_test(int(improved), int(regressed))), (improved, regressed, p)
-    adjusted = holm(sign_tests(ROWS)).values()
+    others = {name: p for name, p in sign_tests(ROWS).items() if name not in PRIMARY}  # as holm_note
+    adjusted = holm(others).values()
     written = re.findall(r"adjusted (?:p )?([0-9.]*[0-9])", text)
     assert written and all(any(within_its_rounding(p, a) for a in adjusted) for p in written), written
 
