@@ -130,9 +130,13 @@ def test_a_committed_evaluation_rescores_to_the_same_verdicts(path: str) -> None
     assert [r["total_reward"] for r in rescored] == pytest.approx([r["total_reward"] for r in rows], abs=1e-6)
 
 
+NUMBER = r"[0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?"  # a figure as written: 0.75, 0.005, 4.9e-05
+
+
 def within_its_rounding(written: str, value: float) -> bool:
     """Whether `value` rounds to the figure as written: 0.05 stands for 0.045 up to 0.055."""
-    decimals = len(written.partition(".")[2])
+    mantissa, _, exponent = written.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2]) - int(exponent or 0)
     return abs(float(written) - value) <= 0.5 * 10**-decimals + 1e-12
 
 
@@ -141,9 +145,9 @@ def test_the_p_values_in_the_docs_are_the_sign_tests_and_holms(page: str) -> Non
     """Every "improved / regressed (p)" cell, every "N improved, M regressed ... p = X" sentence and every
     Holm-adjusted p in the page is what stats.py computes from the counts."""
     text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
-    cells = re.findall(r"\| (\d+) / (\d+) \(([0-9.]+)\) \|", text)
+    cells = re.findall(rf"\| (\d+) / (\d+) \(({NUMBER})\) \|", text)
     sentences = re.findall(
-        r"(\d+) (?:problems )?improved,? (?:against )?(\d+) regressed[,;]? \(?(?:sign test )?p = ([0-9.]+)",
+        rf"(\d+) (?:problems )?improved,? (?:against )?(\d+) regressed[,;]? \(?(?:sign test )?p = ({NUMBER})",
         text,
     )
     assert cells and sentences
@@ -153,7 +157,7 @@ def test_the_p_values_in_the_docs_are_the_sign_tests_and_holms(page: str) -> Non
         assert within_its_rounding(p, sign_test(int(improved), int(regressed))), (improved, regressed, p)
     others = {name: p for name, p in sign_tests(ROWS).items() if name not in PRIMARY}  # as holm_note
     adjusted = holm(others).values()
-    written = re.findall(r"adjusted (?:p )?([0-9.]*[0-9])", text)
+    written = re.findall(rf"adjusted (?:p )?({NUMBER})", text)
     assert written and all(any(within_its_rounding(p, a) for a in adjusted) for p in written), written
 
 
