@@ -276,11 +276,11 @@ def generate_samples(
     `batch_size` prompts go through one left-padded generate call, several problems' samples together; a
     short last batch is not filled up (the compiled sampler, generation.py, pads its calls to a round
     itself). With `chunk`, a batch is generated that many tokens at a time and the rows that have ended (a
-    token of `ended`) leave it between chunks (generate_in_chunks: evaluate.py's own runs, where a runaway
-    would hold its batch; the trainer's evaluation keeps one call for its compiled sampler's shapes). The same
-    seed gives every model the same random stream; the caller's random state, train/eval mode and grad mode
-    are as they were afterwards, so the trainer can call this on the model it is training. `progress` gets the
-    number of completions sampled so far after each call.
+    token of `ended`) leave it between chunks (generate_in_chunks, where a runaway would hold its batch: every
+    evaluation but the trainer's under its compiled sampler, whose shapes are fixed). The same seed gives
+    every model the same random stream; the caller's random state, train/eval mode and grad mode are as they
+    were afterwards, so the trainer can call this on the model it is training. `progress` gets the number of
+    completions sampled so far after each call.
     """
     import torch
 
@@ -432,9 +432,17 @@ def held_out_evaluation(problems: list[dict], tokenizer, cfg: TrainConfig, recor
             if state.global_step in self.done or not state.is_world_process_zero:
                 return
             self.done.add(state.global_step)
-            # Batches of a training round's size: a compiled sampler reuses the graph it has.
+            # Batches of a training round's size, in one call each, where a compiled sampler reuses the graph
+            # it has; elsewhere a finished row leaves its batch (a runaway would hold it to the token limit).
             samples = sample_completions(
-                model, tokenizer, problems, cfg, k=cfg.eval_samples, batch_size=round_size, seed=cfg.seed
+                model,
+                tokenizer,
+                problems,
+                cfg,
+                k=cfg.eval_samples,
+                batch_size=round_size,
+                seed=cfg.seed,
+                chunk=None if cfg.generation == "compiled" else EVAL_CHUNK,
             )
             summary = summarize(score_samples(samples, problems, cfg), k=cfg.eval_samples)
             record(eval_row(state.global_step, float(state.epoch or 0.0), summary))

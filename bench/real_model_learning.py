@@ -181,8 +181,9 @@ def run(args: list[str], settings: dict[str, str], log: Path) -> None:
 
 def evaluates(evaluation: Path, model: Path) -> bool:
     """Whether `evaluation` is an evaluation of `model`'s weights as they are: written after all of them."""
-    written = evaluation.stat().st_mtime if evaluation.is_file() else None
-    return written is not None and written > max(f.stat().st_mtime for f in model.iterdir())
+    if not evaluation.is_file():
+        return False
+    return evaluation.stat().st_mtime > max(f.stat().st_mtime for f in model.iterdir())
 
 
 def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256) -> Path:

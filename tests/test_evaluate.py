@@ -226,6 +226,32 @@ def test_plain_sampling_generates_only_the_rows_asked_for(tiny_model: Path, bund
     assert rows_per_call == [4, 2]  # no repeats to fill the last call up
 
 
+@pytest.mark.parametrize(("generation", "tokens_per_call"), [("plain", 32), ("compiled", 40)])
+def test_the_trainers_evaluation_lets_finished_rows_go_unless_its_sampler_is_compiled(
+    tiny_model: Path, bundled: dict[str, dict], generation: str, tokens_per_call: int
+) -> None:
+    """The held-out callback samples in chunks of EVAL_CHUNK tokens (a row that ended leaves its batch),
+    but in one call a batch where the compiled sampler's graph has a fixed shape. The tiny random model
+    runs away, so a chunked batch needs a second call for the tokens after the first 32."""
+    from types import SimpleNamespace
+
+    model, tokenizer = models.load_base(str(tiny_model))
+    tokens: list[int] = []
+    generate = model.generate
+
+    def counted(**kwargs):
+        tokens.append(kwargs["generation_config"].max_new_tokens)
+        return generate(**kwargs)
+
+    model.generate = counted
+    cfg = TrainConfig(temperature=0.9, max_completion_length=40, eval_samples=1, generation=generation)
+    rows: list[dict] = []
+    callback = evaluate.held_out_evaluation([bundled["count_vowels"]], tokenizer, cfg, rows.append)
+    callback.run(SimpleNamespace(global_step=0, epoch=0.0, is_world_process_zero=True), model)
+    assert len(rows) == 1 and tokens[0] == tokens_per_call
+    assert len(tokens) == (2 if generation == "plain" else 1)
+
+
 def test_a_short_last_batch_samples_through_the_compiled_samplers_one_graph(
     tiny_model: Path, bundled: dict[str, dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:

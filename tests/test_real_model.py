@@ -72,7 +72,7 @@ def test_real_completions_are_read_by_the_reward_as_the_model_meant_them() -> No
     of how the reward took the code out of it, and none parses only because of that."""
     import torch
 
-    from evaluate import sample_completions, score_samples
+    from evaluate import EVAL_CHUNK, sample_completions, score_samples
     from models import load_base
     from settings import TrainConfig
 
@@ -80,7 +80,9 @@ def test_real_completions_are_read_by_the_reward_as_the_model_meant_them() -> No
     cfg = TrainConfig(max_completion_length=384)
     model, tokenizer = load_base(str(MODEL))
     threads = torch.get_num_threads()
-    samples = sample_completions(model, tokenizer, problems, cfg, k=1, batch_size=8, seed=0)
+    samples = sample_completions(
+        model, tokenizer, problems, cfg, k=1, batch_size=8, seed=0, chunk=EVAL_CHUNK
+    )  # as evaluate.py samples: a runaway does not hold the finished rows to 384 tokens
     torch.set_num_threads(threads)
     rows = score_samples(samples, problems, cfg)
     by_id = {p["id"]: p for p in problems}
