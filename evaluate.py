@@ -627,7 +627,8 @@ def run_evaluation(args: argparse.Namespace) -> None:
         )
     else:
         args.k = args.k or 4
-        sampling = f"temperature {cfg.temperature}, up to {cfg.max_completion_length} new tokens"
+        example = "the worked example" if cfg.few_shot else "no worked example (GRPO_FEW_SHOT=0)"
+        sampling = f"{example}, temperature {cfg.temperature}, up to {cfg.max_completion_length} new tokens"
     header = (
         f"{len(problems)} problems from {source} x {args.k} samples (seed {args.seed}), {sampling}, "
         f"MIN_NON_EMPTY_LINES={cfg.min_non_empty_lines} (reward only), {args.batch_size} completions per "

@@ -301,7 +301,8 @@ def test_cli_scores_a_model_and_an_adapter_and_writes_the_report(
     report = (tmp_path / "eval_report.md").read_text(encoding="utf-8")
     for section in ("# Held-out evaluation", "## Summary", "## Per difficulty", "## adapter against model"):
         assert f"\n{section}\n" in f"\n{report}"
-    assert "3 problems from" in report and "up to 16 new tokens" in report
+    assert "3 problems from" in report
+    assert "the worked example, temperature 0.9, up to 16 new tokens" in report
 
 
 def test_cli_names_what_is_missing_in_one_line(
