@@ -299,14 +299,17 @@ def portable_adapter(adapter: Path, into: Path) -> Path:
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     config["base_model_name_or_path"] = repository_path(MODEL.folder)
     (into / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    shutil.copy(adapter / "README.md", into / "README.md")
+    card = (adapter / "README.md").read_text(encoding="utf-8")  # its tokenizer is the base's, not copied here
+    tokenizer = f'AutoTokenizer.from_pretrained("{repository_path(MODEL.folder)}")'
+    card = card.replace(f'AutoTokenizer.from_pretrained("{adapter.name}")', tokenizer)
+    (into / "README.md").write_text(card, encoding="utf-8")
     return into
 
 
 def add_evaluations_to_card(card: Path, evaluated: dict[str, dict]) -> None:
     """The model card's evaluation table: the base and the adapter on each held-out set, from the bench."""
     titles = {
-        "heldout": "data/heldout.jsonl, 48 x 4, temperature 0.9",
+        "heldout": "data/heldout.jsonl, 48 x 4, temperature 0.9, the prompt it trained on",
         "multipl_e": "MultiPL-E HumanEval-OCaml even half, greedy",
         "multipl_e_sampled": "MultiPL-E HumanEval-OCaml even half, 4 samples at temperature 0.2",
     }

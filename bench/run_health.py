@@ -43,7 +43,6 @@ ABOUT = {
 NOT_JUDGED = {
     "sft-only": "SFT alone: no GRPO step for the monitor to judge",
     "grpo-only": "not yet run (issue 35)",
-    "random-reward": "not yet run (issue 35)",
 }
 
 

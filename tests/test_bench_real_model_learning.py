@@ -184,7 +184,8 @@ def test_the_recipes_adapter_is_committed_in_bf16_naming_its_base_in_the_reposit
                 weight.normal_(std=0.5, generator=torch.Generator().manual_seed(0))
     trained = tmp_path / "adapter"
     model.save_pretrained(trained)
-    (trained / "README.md").write_text("# the run's model card\n", encoding="utf-8")
+    load = 'tokenizer = AutoTokenizer.from_pretrained("{}")\n'  # as the run's model card loads it
+    (trained / "README.md").write_text("# the run's model card\n" + load.format("adapter"), encoding="utf-8")
 
     committed = portable_adapter(trained, tmp_path / "committed")
 
@@ -195,6 +196,8 @@ def test_the_recipes_adapter_is_committed_in_bf16_naming_its_base_in_the_reposit
     ]
     config = json.loads((committed / "adapter_config.json").read_text(encoding="utf-8"))
     assert config["base_model_name_or_path"] == repository_path(MODEL.folder) == "models/" + MODEL.folder.name
+    card = (committed / "README.md").read_text(encoding="utf-8")  # no tokenizer here: the base's
+    assert card == "# the run's model card\n" + load.format(config["base_model_name_or_path"])
     original, saved = (
         load_file(trained / "adapter_model.safetensors"),
         load_file(committed / "adapter_model.safetensors"),

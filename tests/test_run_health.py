@@ -13,6 +13,7 @@ from settings import TrainConfig
 
 REAL_ARMS = (
     "recipe",
+    "random-reward",
     "control",
     "sft",
     "lora-lr",
