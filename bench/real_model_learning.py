@@ -186,9 +186,11 @@ def evaluates(evaluation: Path, model: Path) -> bool:
     return evaluation.stat().st_mtime > max(f.stat().st_mtime for f in model.iterdir())
 
 
-def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256, few_shot: str = "1") -> Path:
+def evaluation(
+    model: Path, name: str, into: Path, log: Path, tokens: int = 256, prompt: dict | None = None
+) -> Path:
     """evaluate.py's rows for `model` on one held-out set, into/eval_NAME.jsonl:
-    `heldout` (the training prompt with `few_shot` worked examples, as the model was trained; `tokens` at
+    `heldout` (the training prompt under the `prompt` settings the model was trained with; `tokens` at
     most), `multipl_e` (MultiPL-E's protocol, greedy, repaired), `multipl_e_sampled` (the same sampled, K a
     problem at MultiPL-E's temperature 0.2), `multipl_e_published` (greedy, unrepaired: the problems as
     MultiPL-E publishes them) or `training` (a fixed sample of data/problems.jsonl, as `heldout` is made:
@@ -204,7 +206,7 @@ def evaluation(model: Path, name: str, into: Path, log: Path, tokens: int = 256,
         args += ["-k", str(K)]
         if name == "training":
             args += ["--problems", str(BUNDLED_PROBLEMS), "-n", str(TRAINING_SAMPLE)]
-        settings = {**HELDOUT_EVAL, "GRPO_MAX_COMPLETION": str(tokens), "GRPO_FEW_SHOT": few_shot}
+        settings = {**HELDOUT_EVAL, "GRPO_MAX_COMPLETION": str(tokens), **(prompt or {})}
     else:
         args += ["--problems", str(MULTIPL_E_EVEN), "--protocol", "multipl-e"]
         args += ["-k", str(K)] if name.endswith("sampled") else ["--greedy", "-k", "1"]
@@ -385,8 +387,8 @@ def run_arm(name: str) -> dict:
     out, adapter = train(name, arm, sft, log)
     if name == "recipe":  # the adapter users take, evaluated as they get it
         adapter = portable_adapter(adapter, into / "adapter")
-    few_shot = {**SHARED, **arm.settings}.get("GRPO_FEW_SHOT", "1")  # the prompt the adapter learned on
-    trained = {n: evaluation(adapter, n, into, log, few_shot=few_shot) for n in EVALUATIONS}
+    prompt = {k: v for k, v in arm.settings.items() if k == "GRPO_FEW_SHOT"}  # as the adapter learned on
+    trained = {n: evaluation(adapter, n, into, log, prompt=prompt) for n in EVALUATIONS}
     minutes = sft_minutes + (time.monotonic() - started) / 60  # as if the warm start were the arm's own
     if arm.grpo:
         shutil.copy(out / "learning.log", into / "learning.log")
