@@ -517,7 +517,17 @@ def run_command(args: argparse.Namespace, argv: list[str] | None, environ: Mappi
         sft(cfg, sources)
     else:
         train(cfg, sources, resume=args.resume, merge_to=args.merge_to)
+    end_processes()
     return 0
+
+
+def end_processes() -> None:
+    """The process group of `accelerate launch`, torn down while the run still owns it: left to the
+    interpreter's exit, a finished run's process can abort (SIGABRT, "terminate called without an active
+    exception") and fail the launch."""
+    from accelerate import PartialState
+
+    PartialState().destroy_process_group()
 
 
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -481,3 +481,4 @@ if __name__ == "__main__":  # one process of the test above, under accelerate la
     (out / f"seen-{rank}.json").write_text(json.dumps(t.seen))
     if rank == 0:
         (out / "steps.json").write_text(json.dumps(logged(t)))
+    t.accelerator.end_training()  # gloo's threads left to the interpreter's exit can abort the process
