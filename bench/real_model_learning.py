@@ -179,9 +179,13 @@ def run(args: list[str], settings: dict[str, str], log: Path) -> None:
         raise SystemExit(f"{' '.join(args)} exited {done.returncode}; see {log}")
 
 
-def evaluates(evaluation: Path, model: Path) -> bool:
-    """Whether `evaluation` is an evaluation of `model`'s weights as they are: written after all of them."""
-    if not evaluation.is_file():
+def evaluates(evaluation: Path, model: Path, made_with: dict) -> bool:
+    """Whether `evaluation` is an evaluation of `model`'s weights as they are (written after all of them)
+    by the command and settings `made_with`, as its record (the same name, .json) says."""
+    record = evaluation.with_suffix(".json")
+    if not evaluation.is_file() or not record.is_file():
+        return False
+    if json.loads(record.read_text(encoding="utf-8")) != made_with:
         return False
     return evaluation.stat().st_mtime > max(f.stat().st_mtime for f in model.iterdir())
 
@@ -195,11 +199,9 @@ def evaluation(
     problem at MultiPL-E's temperature 0.2), `multipl_e_published` (greedy, unrepaired: the problems as
     MultiPL-E publishes them) or `training` (a fixed sample of data/problems.jsonl, as `heldout` is made:
     how hard the training set is for a model).
-    One written after every file of `model` is kept, so that a stopped bench goes on where it stopped."""
+    One written after every file of `model` by the same command and settings is kept, so that a stopped
+    bench goes on where it stopped."""
     target = into / f"eval_{name}.jsonl"
-    if evaluates(target, model):
-        return target
-    into.mkdir(parents=True, exist_ok=True)
     scratch = into / f".{name}"
     args = ["evaluate.py", str(model), "--seed", "0", "--out-dir", str(scratch)]
     if name in ("heldout", "training"):
@@ -211,8 +213,13 @@ def evaluation(
         args += ["--problems", str(MULTIPL_E_EVEN), "--protocol", "multipl-e"]
         args += ["-k", str(K)] if name.endswith("sampled") else ["--greedy", "-k", "1"]
         settings = {"REPAIR_PROBLEMS": "0" if name.endswith("published") else "1"}
+    made_with = {"command": args, "settings": settings}
+    if evaluates(target, model, made_with):
+        return target
+    into.mkdir(parents=True, exist_ok=True)
     run(args, settings, log)
     (scratch / f"eval_{model.name}.jsonl").replace(target)
+    target.with_suffix(".json").write_text(json.dumps(made_with, indent=1) + "\n", encoding="utf-8")
     shutil.rmtree(scratch)
     return target
 

@@ -224,14 +224,20 @@ def test_the_sft_arms_share_one_warm_start_which_grpo_settings_do_not_split() ->
     assert warm("recipe", GRPO_FEW_SHOT="1") != warm("recipe")  # the SFT rows' prompt
 
 
-def test_an_evaluation_is_kept_only_when_written_after_every_file_of_its_model(tmp_path: Path) -> None:
+def test_an_evaluation_is_kept_only_when_made_after_its_model_by_the_same_command(
+    tmp_path: Path,
+) -> None:
     model = tmp_path / "adapter"
     model.mkdir()
     (model / "adapter_model.safetensors").write_bytes(b"weights")
     made = tmp_path / "eval_heldout.jsonl"
-    assert not evaluates(made, model)
+    made_with = {"command": ["evaluate.py", str(model), "-k", "4"], "settings": {"GRPO_FEW_SHOT": "0"}}
+    assert not evaluates(made, model, made_with)
     made.write_text("{}\n", encoding="utf-8")
     os.utime(model / "adapter_model.safetensors", (1_000, 1_000))
-    assert evaluates(made, model)
+    assert not evaluates(made, model, made_with)  # no record of how it was made
+    made.with_suffix(".json").write_text(json.dumps(made_with), encoding="utf-8")
+    assert evaluates(made, model, made_with)
+    assert not evaluates(made, model, {**made_with, "settings": {"GRPO_FEW_SHOT": "1"}})  # another prompt
     (model / "adapter_model.safetensors").write_bytes(b"retrained")  # the arm trained again
-    assert not evaluates(made, model)
+    assert not evaluates(made, model, made_with)
