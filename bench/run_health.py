@@ -42,7 +42,6 @@ ABOUT = {
 # The learning issue's runs without a GRPO log to judge, and why: no verdict is made up for them.
 NOT_JUDGED = {
     "sft-only": "SFT alone: no GRPO step for the monitor to judge",
-    "grpo-only": "not yet run (issue 35)",
 }
 
 

@@ -14,6 +14,7 @@ from settings import TrainConfig
 REAL_ARMS = (
     "recipe",
     "random-reward",
+    "grpo-only",
     "control",
     "sft",
     "lora-lr",
