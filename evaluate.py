@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envflags
+from cpu_training import fast_sampling
 from envflags import ConfigError
 from eval_stats import (
     compare,
@@ -291,7 +292,11 @@ def generate_samples(
     model.eval()  # no dropout while sampling, LoRA's included
     samples = []
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        with (
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+            torch.no_grad(),
+            fast_sampling(model),
+        ):
             torch.manual_seed(seed)
             for start in range(0, len(wanted), batch_size):
                 batch = wanted[start : start + batch_size]

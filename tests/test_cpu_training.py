@@ -1,0 +1,97 @@
+"""cpu_training.py's LM-head fix on the tiny model: a prompt's first forward in `generate` hands the LM head a
+slice whose rows lie a prompt apart, which torch multiplies by expanding the head's weight to one copy per
+row; under contiguous_head_input the head reads a contiguous copy and the logits are the same."""
+
+import contextlib
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+import cpu_training
+from bench.train_step import prompt_batch
+from problems import BUNDLED_PROBLEMS, load_problems
+
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.skipif(
+        not cpu_training.on_cpu(), reason="the fix is the CPU's; a GPU box keeps transformers' path"
+    ),
+]
+
+
+def head_inputs_and_scores(model, ids, mask, fixed: bool) -> tuple[list[bool], torch.Tensor, torch.Tensor]:
+    """Whether each LM-head call's input was contiguous (as the head gets it, after the fix's own hook), the
+    greedy tokens and their scores."""
+    seen: list[bool] = []
+    config = GenerationConfig(
+        max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True
+    )
+    with cpu_training.contiguous_head_input(model) if fixed else contextlib.nullcontext():
+        watch = model.get_output_embeddings().register_forward_pre_hook(
+            lambda _, args: seen.append(args[0].is_contiguous())
+        )
+        try:
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        finally:
+            watch.remove()
+    return seen, out.sequences, torch.stack(out.scores)
+
+
+def test_the_lm_head_reads_a_contiguous_input_and_gives_the_same_logits(tiny_model: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).eval()
+    ids, mask = prompt_batch(tokenizer, load_problems(str(BUNDLED_PROBLEMS))[:3])
+    assert (mask == 0).any(), "the prompts must differ in length, as a round's do"
+
+    seen, tokens, scores = head_inputs_and_scores(model, ids, mask, fixed=False)
+    assert seen[0] is False  # the prefill's last-position slice: what costs the weight copies
+    fixed_seen, fixed_tokens, fixed_scores = head_inputs_and_scores(model, ids, mask, fixed=True)
+    assert all(fixed_seen) and len(fixed_seen) == len(seen)
+    assert torch.equal(fixed_tokens, tokens)
+    assert torch.equal(fixed_scores, scores)
+    assert not model.get_output_embeddings()._forward_pre_hooks  # the fix leaves with the context
+
+
+def test_inverse_cdf_draws_follow_the_weights_and_never_a_zero() -> None:
+    weights = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0]) * 7  # unnormalised, as generate's rows may be
+    rows = 200_000
+    generator = torch.Generator().manual_seed(0)
+    drawn = cpu_training.inverse_cdf_draw(weights.expand(rows, -1), generator)
+    assert drawn.shape == (rows, 1) and drawn.dtype == torch.long
+    counts = torch.bincount(drawn.squeeze(1), minlength=len(weights)).double()
+    expected = weights.double() / weights.sum() * rows
+    assert torch.equal(counts[expected == 0], torch.zeros(3, dtype=torch.double))
+    spread = (expected * (1 - expected / rows)).sqrt()  # the binomial's standard deviation
+    assert ((counts - expected).abs() <= 5 * spread).all(), (counts, expected)
+
+
+def test_multinomial_is_replaced_only_where_it_is_one_draw_per_row_on_the_cpu() -> None:
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    original = torch.multinomial
+    with cpu_training.inverse_cdf_draws():
+        assert torch.multinomial(probs, 1).tolist() == [[1], [2]]
+        assert torch.multinomial(probs[0], 1).tolist() == [1]  # a vector: torch's own
+        assert torch.multinomial(probs, 2, replacement=True).shape == (2, 2)
+        with pytest.raises(RuntimeError, match="probability tensor contains"):
+            torch.multinomial(torch.tensor([[float("nan"), 1.0]]), 1)  # torch's own error
+    assert torch.multinomial is original
+
+
+def test_generate_samples_through_one_draw_per_token(tiny_model: Path) -> None:
+    """With top-k 1 every row has one token of weight > 0, so the sampled tokens are the greedy ones; each
+    decoding step's draw went through inverse_cdf_draw."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).eval()
+    ids, mask = prompt_batch(tokenizer, load_problems(str(BUNDLED_PROBLEMS))[:3])
+    length = {"max_new_tokens": 5, "min_new_tokens": 5}
+    greedy = model.generate(input_ids=ids, attention_mask=mask, **length, do_sample=False)
+    with (
+        mock.patch.object(cpu_training, "inverse_cdf_draw", wraps=cpu_training.inverse_cdf_draw) as draws,
+        cpu_training.fast_sampling(model),
+    ):
+        sampled = model.generate(input_ids=ids, attention_mask=mask, **length, do_sample=True, top_k=1)
+    assert torch.equal(sampled, greedy)
+    assert draws.call_count == 5
