@@ -137,6 +137,43 @@ def test_sampler_is_exact_at_the_lora_sizes_of_the_first_steps(tiny_model: Path)
     assert lost(folded) > 0.2  # 20x the sampler's bound: what the fold loses is no rounding noise
 
 
+def test_plain_sampling_runs_each_distinct_prompt_once_and_samples_the_same_policy(tiny_model: Path) -> None:
+    """A round of 2 prompts x 4 completions, as TRL asks for it: the prompts but their last tokens go through
+    the model once, 2 rows; every decoding step after that runs the 8 rows one token at a time; and the
+    log-probabilities of forced completions are those of sampling without the shared prompts (float32
+    arithmetic, a LoRA with an effect), and differ between the rows' completions."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).float()
+    torch.manual_seed(0)
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=SEVEN, task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora)
+    give_lora_an_effect(model, std=0.05)
+    problems = load_problems(str(BUNDLED_PROBLEMS))[:2]
+    ids, mask = prompt_batch(tokenizer, [p for p in problems for _ in range(4)])
+    completion = torch.randint(5, 2000, (8, 12), generator=torch.Generator().manual_seed(0))
+    config = GenerationConfig(do_sample=True, temperature=0.9, top_k=0, pad_token_id=tokenizer.pad_token_id)
+    shapes: list[tuple[int, int]] = []
+    first_layer = model.get_base_model().model.layers[0]
+
+    def record(_, args, kwargs) -> None:
+        shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2]))
+
+    watch = first_layer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        shared = generation.PlainSampler().token_logprobs(model, ids, mask, completion, config)
+    finally:
+        watch.remove()
+    assert shapes == [(2, ids.shape[1] - 1)] + [(8, 1)] * completion.shape[1]
+
+    def plain(*args, **kwargs):
+        return generation.plain_generate(model, *args, **kwargs)
+
+    alone = generation.forced_logprobs(plain, ids, mask, completion, config)
+    assert (shared - alone).abs().max().item() < 1e-5
+    assert (shared[0] - shared[1]).abs().max().item() > 1e-3  # rows of one prompt, their own completions
+    assert model.training  # put back as it was
+
+
 class EndFromStep(LogitsProcessor):
     """Only the end token is possible from completion step `step` on: every sequence ends there."""
 
