@@ -17,11 +17,14 @@ against its limit, measured in the same run:
 Arms, each a run of train.py in this process (the machine is shared, so ratios between arms, not absolute
 seconds, are the result; the load average is printed with each):
 
-    before   TRL's and transformers' own CPU path: no autocast (PEFT multiplies the LoRA in float32), the
-             LM head over every position, SDPA's grouped-query kernel where the mask is None, TRL's sampling
-    after    as shipped: cpu_training.py's choices and generation.PlainSampler
+    before      TRL's and transformers' own CPU path: no autocast (PEFT multiplies the LoRA in float32),
+                the LM head over every position, SDPA's grouped-query kernel where the mask is None, TRL's
+                sampling
+    after       as shipped: cpu_training.py's choices and generation.PlainSampler
+    no-dropout  after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
+                masks cost the update, each element drawn by torch's CPU generator (not in the default arms)
 
-Both arms run at the threads train.py picks from the load (cpu_training.use_free_cores); what that choice is
+Every arm runs at the threads train.py picks from the load (cpu_training.use_free_cores); what that choice is
 worth shows in the bf16 matmul rate printed first at one thread and at torch's default.
 
     .venv/bin/python bench/cpu_step.py                    # the real 0.5B (make real-model first)
@@ -66,7 +69,8 @@ SHAPE = [
     *("--batch-size", str(PROMPTS), "--num-generations", str(GENERATIONS), "--grad-accum-steps", "1"),
     *("--learning-rate", "5e-5"),
 ]
-ARMS = ("before", "after")
+ARMS = ("before", "after", "no-dropout")
+DEFAULT_ARMS = "before,after"
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
 QWEN_0_5B_WIDTH, QWEN_0_5B_INTERMEDIATE, QWEN_0_5B_VOCAB = 896, 4864, 151936
 
@@ -127,7 +131,7 @@ def limits(step: dict, sizes: dict[str, int], rate: float, read_rate: float, wei
 @contextlib.contextmanager
 def arm(name: str):
     """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path)."""
-    if name == "after":
+    if name != "before":
         yield
         return
     with (
@@ -238,7 +242,7 @@ def bf16_tiny_model(path: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per arm")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--sft", action="store_true", help="time train.py --sft's steps instead of GRPO's")
     parser.add_argument(
         "--tiny",
@@ -289,10 +293,12 @@ def main() -> int:
                 f"at {read_rate / 1e9:.1f} GB/s",
                 flush=True,
             )
+            arm_flags = [*flags, "--lora-dropout", "0"] if name == "no-dropout" else flags
             if args.sft:
-                summary[name] = sft_summary(name, sft_run(name, flags, Path(tmp) / name), sizes, rate, load)
+                sft_steps = sft_run(name, arm_flags, Path(tmp) / name)
+                summary[name] = sft_summary(name, sft_steps, sizes, rate, load)
                 continue
-            steps = run(name, flags, Path(tmp) / name)
+            steps = run(name, arm_flags, Path(tmp) / name)
             for step in steps:
                 print(step_line(name, step, limits(step, sizes, rate, read_rate, 2)), flush=True)
             timed_steps = steps[1:] or steps  # the first step is a warm-up where there are others
@@ -315,12 +321,13 @@ def main() -> int:
             f"| {name} | {row['per completion']:.2f} | {row['sampling']:.1f} | {row['reward']:.1f} | "
             f"{row['update']:.1f} | {row['load']:.1f} |"
         )
-    if len(summary) == 2:
-        before, after = summary["before"], summary["after"]
-        ratios = ", ".join(
-            f"{part} {before[part] / after[part]:.2f}x" for part in ("per completion", "sampling", "update")
-        )
-        print(f"\nbefore / after: {ratios}")
+    for slower, faster in (("before", "after"), ("after", "no-dropout")):
+        if slower in summary and faster in summary:
+            ratios = ", ".join(
+                f"{part} {summary[slower][part] / summary[faster][part]:.2f}x"
+                for part in ("per completion", "sampling", "update")
+            )
+            print(f"\n{slower} / {faster}: {ratios}")
     return 0
 
 

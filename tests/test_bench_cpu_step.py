@@ -1,29 +1,32 @@
 """bench/cpu_step.py --tiny: train.py's real GRPO runs of the tiny model in bf16 on the CPU, before and after
-cpu_training.py's changes in one process: a line per optimizer step with sampling, reward and update seconds,
-tokens/s and the limits, then the table of means and the ratios."""
+cpu_training.py's changes and without LoRA dropout, in one process: a line per optimizer step with sampling,
+reward and update seconds, tokens/s and the limits, then the table of means and the ratios."""
 
 import os
 import re
 
+from bench.cpu_step import ARMS
+
 
 def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) -> None:
     result = run_python(
-        *("bench/cpu_step.py", "--tiny", "--steps", "2"),
+        *("bench/cpu_step.py", "--tiny", "--steps", "2", "--arms", ",".join(ARMS)),
         timeout=900,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},  # the CPU's bench, on any box
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     rates = re.findall(r"bf16 matmul (\d+) GFLOP/s; weights streamed at (\S+) GB/s", out)
-    assert len(rates) == 2 and all(float(gflops) > 0 and float(gbs) > 0 for gflops, gbs in rates), out[-2000:]
+    assert len(rates) == len(ARMS), out[-2000:]
+    assert all(float(gflops) > 0 and float(gbs) > 0 for gflops, gbs in rates)
     step = re.compile(
-        r"^(before|after) step (\d): (\S+) s a completion; sampling (\S+) s \((\d+) tokens/s; limit (\S+) s, "
-        r"(\S+)x\); reward (\S+) s \((\d+) tokens/s\); "
+        r"^(before|after|no-dropout) step (\d): (\S+) s a completion; "
+        r"sampling (\S+) s \((\d+) tokens/s; limit (\S+) s, (\S+)x\); reward (\S+) s \((\d+) tokens/s\); "
         r"update (\S+) s \((\d+) tokens/s; limit (\S+) s, (\S+)x\)",
         re.MULTILINE,
     )
     lines = step.findall(out)
-    assert [(arm, n) for arm, n, *_ in lines] == [(arm, n) for arm in ("before", "after") for n in ("1", "2")]
+    assert [(arm, n) for arm, n, *_ in lines] == [(arm, n) for arm in ARMS for n in ("1", "2")]
     for _, _, per_completion, sampling, _, _, sampling_x, reward, _, update, _, _, update_x in lines:
         # The tiny model's limits round to 0.0 s.
         assert all(float(v) > 0 for v in (per_completion, sampling, update))
@@ -45,5 +48,8 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
         "update s",
         "load",
     ]
-    assert [row.split("|")[1].strip() for row in table[2:]] == ["before", "after"]
+    assert [row.split("|")[1].strip() for row in table[2:]] == list(ARMS)
     assert re.search(r"before / after: per completion \S+x, sampling \S+x, update \S+x", out)
+    assert re.search(r"after / no-dropout: per completion \S+x, sampling \S+x, update \S+x", out)
+    # each arm's run says its LoRA dropout in its settings table: the seed's, then the flag's
+    assert re.findall(r"lora_dropout\s*=\s*(\S+)", out) == ["0.05", "0.05", "0.0"], out[-3000:]
