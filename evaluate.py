@@ -292,11 +292,7 @@ def generate_samples(
     model.eval()  # no dropout while sampling, LoRA's included
     samples = []
     try:
-        with (
-            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
-            torch.no_grad(),
-            fast_sampling(model),
-        ):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
             torch.manual_seed(seed)
             for start in range(0, len(wanted), batch_size):
                 batch = wanted[start : start + batch_size]
@@ -645,17 +641,18 @@ def run_evaluation(args: argparse.Namespace) -> None:
     for spec, label in zip(args.models, labels_of(args.models), strict=True):
         started = time.monotonic()
         model, tokenizer = load_model(spec, args.base)
-        rows = evaluate_model(
-            model,
-            tokenizer,
-            problems,
-            cfg,
-            k=args.k,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            protocol=protocol,
-            progress=sampling_progress(label, len(problems) * args.k),
-        )
+        with fast_sampling(model):  # the trainer's held-out evaluation runs under its fast_kernels
+            rows = evaluate_model(
+                model,
+                tokenizer,
+                problems,
+                cfg,
+                k=args.k,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                protocol=protocol,
+                progress=sampling_progress(label, len(problems) * args.k),
+            )
         del model  # one model in memory at a time
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"eval_{label}.jsonl"

@@ -288,12 +288,13 @@ def main() -> int:
             torch.set_num_threads(cpu_training.threads_for(threads, load))  # the rates at the run's threads
             rate, read_rate = matmul_rate(*shape), weight_read_rate(PROMPTS * GENERATIONS)
             torch.set_num_threads(threads)
+            extra = ["--lora-dropout", "0"] if name == "no-dropout" else []
             print(
                 f"\n{name}: load average {load:.1f}; bf16 matmul {rate / 1e9:.0f} GFLOP/s; weights streamed "
-                f"at {read_rate / 1e9:.1f} GB/s",
+                f"at {read_rate / 1e9:.1f} GB/s" + (f"; train.py {' '.join(extra)}" if extra else ""),
                 flush=True,
             )
-            arm_flags = [*flags, "--lora-dropout", "0"] if name == "no-dropout" else flags
+            arm_flags = [*flags, *extra]
             if args.sft:
                 sft_steps = sft_run(name, arm_flags, Path(tmp) / name)
                 summary[name] = sft_summary(name, sft_steps, sizes, rate, load)

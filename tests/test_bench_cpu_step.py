@@ -51,5 +51,4 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
     assert [row.split("|")[1].strip() for row in table[2:]] == list(ARMS)
     assert re.search(r"before / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"after / no-dropout: per completion \S+x, sampling \S+x, update \S+x", out)
-    # each arm's run says its LoRA dropout in its settings table: the seed's, then the flag's
-    assert re.findall(r"lora_dropout\s*=\s*(\S+)", out) == ["0.05", "0.05", "0.0"], out[-3000:]
+    assert re.search(r"^no-dropout: load average .*; train\.py --lora-dropout 0$", out, re.MULTILINE)
