@@ -26,14 +26,13 @@ transformers' own CPU path:
 - A contiguous input for the LM head (`contiguous_head_input`). A prompt's first forward in `generate`
   projects only the last position, `hidden[:, -1:]`, a slice whose rows lie a prompt apart; torch's matmul
   folds a 3-D input into one matrix product only where its rows are evenly packed, and otherwise expands the
-  weight to a batch of copies for `bmm`: the 0.5B's 151,936 x 896 head copied once per row, 4.4 GB and
-  about 11 s for 16 rows on two cores, against 31 ms for the same product on a contiguous copy of the
-  slice (bit for bit the same logits). Every sampling round and every evaluation batch paid it once.
+  weight to a batch of copies for `bmm`: the 0.5B's 151,936 x 896 head copied once per row, 4.4 GB for 16
+  rows, where a contiguous copy of the slice takes one plain matrix product (bit for bit the same logits).
+  Every sampling round and every evaluation batch paid it once.
 - One random draw per sampled token (`inverse_cdf_draws`). `torch.multinomial` draws one token by drawing an
-  exponential for every entry of the vocabulary and taking the largest probability-to-draw ratio, 151,936
-  draws from torch's CPU generator (about 100 ms for 16 rows on one core) at every decoding step. Inverting
-  each row's cumulative probabilities at one uniform draw samples the same distribution (the sums in
-  float64) in about a quarter of the time.
+  exponential for every entry of the vocabulary and taking the largest probability-to-draw ratio: 151,936
+  draws a row from torch's CPU generator, one element at a time, at every decoding step. Inverting each
+  row's cumulative probabilities (summed in float64) at one uniform draw samples the same distribution.
 """
 
 from __future__ import annotations
