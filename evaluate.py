@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envflags
-from cpu_training import fast_sampling
+from cpu_training import fast_sampling, on_cpu
 from envflags import ConfigError
 from eval_stats import (
     compare,
@@ -641,6 +641,10 @@ def run_evaluation(args: argparse.Namespace) -> None:
     for spec, label in zip(args.models, labels_of(args.models), strict=True):
         started = time.monotonic()
         model, tokenizer = load_model(spec, args.base)
+        if on_cpu():  # sample as the trainer does there: a problem's samples share its prompt's forward
+            from generation import PlainSampler
+
+            PlainSampler().install(model)
         with fast_sampling(model):  # the trainer's held-out evaluation runs under its fast_kernels
             rows = evaluate_model(
                 model,

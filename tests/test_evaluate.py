@@ -5,13 +5,16 @@ import json
 import math
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
+import cpu_training
 import envflags
 import eval_stats
 import evaluate
+import generation
 import models
 import test_base_model as tbm
 from problems import BUNDLED_PROBLEMS, load_problems
@@ -285,7 +288,10 @@ def test_cli_scores_a_model_and_an_adapter_and_writes_the_report(
 ) -> None:
     monkeypatch.setenv("GRPO_MAX_COMPLETION", "16")
     argv = [str(tiny_model), str(adapter), "--problems", str(BUNDLED_PROBLEMS), "-n", "3", "-k", "2"]
-    assert evaluate.main([*argv, "--seed", "1", "--batch-size", "4", "--out-dir", str(tmp_path)]) == 0
+    with mock.patch.object(generation, "shared_prompt_cache", wraps=generation.shared_prompt_cache) as shared:
+        assert evaluate.main([*argv, "--seed", "1", "--batch-size", "4", "--out-dir", str(tmp_path)]) == 0
+    # On the CPU each batch (4 and 2 rows, a problem's 2 samples together) ran its prompts once, per model.
+    assert shared.call_count == (4 if cpu_training.on_cpu() else 0)
     printed = capsys.readouterr().out
     base, tuned = (
         [json.loads(line) for line in (tmp_path / f"eval_{name}.jsonl").open()]
