@@ -657,6 +657,7 @@ def run_evaluation(args: argparse.Namespace) -> None:
                 protocol=protocol,
                 progress=sampling_progress(label, len(problems) * args.k),
             )
+        vars(model).pop("generate", None)  # PlainSampler's hold on the model: a cycle that `del` would leave
         del model  # one model in memory at a time
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / f"eval_{label}.jsonl"

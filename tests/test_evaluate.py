@@ -4,6 +4,7 @@ the real reward, --compare on hand-made files, sampling on the tiny model and bo
 import json
 import math
 import re
+import weakref
 from pathlib import Path
 from unittest import mock
 
@@ -288,10 +289,20 @@ def test_cli_scores_a_model_and_an_adapter_and_writes_the_report(
 ) -> None:
     monkeypatch.setenv("GRPO_MAX_COMPLETION", "16")
     argv = [str(tiny_model), str(adapter), "--problems", str(BUNDLED_PROBLEMS), "-n", "3", "-k", "2"]
+    loaded = []
+
+    def load_model(spec, base):
+        model, tokenizer = models.load_model(spec, base)
+        loaded.append(weakref.ref(model))
+        return model, tokenizer
+
+    monkeypatch.setattr(evaluate, "load_model", load_model)
     with mock.patch.object(generation, "shared_prompt_cache", wraps=generation.shared_prompt_cache) as shared:
         assert evaluate.main([*argv, "--seed", "1", "--batch-size", "4", "--out-dir", str(tmp_path)]) == 0
     # On the CPU each batch (4 and 2 rows, a problem's 2 samples together) ran its prompts once, per model.
     assert shared.call_count == (4 if cpu_training.on_cpu() else 0)
+    shared.reset_mock()  # its record of the calls holds the models
+    assert len(loaded) == 2 and all(ref() is None for ref in loaded)  # each freed after its evaluation
     printed = capsys.readouterr().out
     base, tuned = (
         [json.loads(line) for line in (tmp_path / f"eval_{name}.jsonl").open()]
