@@ -100,6 +100,17 @@ def model_bf16_autocast(model_id: str) -> bool:
 
 
 @contextmanager
+def replaced(owner: object, name: str, value: object) -> Iterator[None]:
+    """`owner.name` is `value` while open, and what it was again on exit."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextmanager
 def plain_gqa() -> Iterator[None]:
     """transformers' SDPA attention never asks for torch's grouped-query kernel on CPU tensors (the module
     docstring says why); CUDA and other devices keep transformers' choice."""
@@ -110,11 +121,8 @@ def plain_gqa() -> Iterator[None]:
     def use_gqa_in_sdpa(attention_mask, key, value) -> bool:
         return key.device.type != "cpu" and original(attention_mask, key, value)
 
-    sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
-    try:
+    with replaced(sdpa_attention, "use_gqa_in_sdpa", use_gqa_in_sdpa):
         yield
-    finally:
-        sdpa_attention.use_gqa_in_sdpa = original
 
 
 @contextmanager
@@ -129,11 +137,8 @@ def completion_scoring() -> Iterator[None]:
     def compact(device) -> bool:
         return device.type == "cpu" or original(device)
 
-    trl_utils._use_triton = compact
-    try:
+    with replaced(trl_utils, "_use_triton", compact):
         yield
-    finally:
-        trl_utils._use_triton = original
 
 
 @contextmanager
@@ -186,11 +191,8 @@ def inverse_cdf_draws() -> Iterator[None]:
                 return drawn
         return original(input, num_samples, replacement, generator=generator, out=out)
 
-    torch.multinomial = multinomial
-    try:
+    with replaced(torch, "multinomial", multinomial):
         yield
-    finally:
-        torch.multinomial = original
 
 
 @contextmanager
