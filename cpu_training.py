@@ -33,6 +33,10 @@ transformers' own CPU path:
   exponential for every entry of the vocabulary and taking the largest probability-to-draw ratio: 151,936
   draws a row from torch's CPU generator, one element at a time, at every decoding step. Inverting each
   row's cumulative probabilities (summed in float64) at one uniform draw samples the same distribution.
+- A group's prompt run once in the update (`shared_prompt_passes`, shared_prompts.py says how): TRL's
+  forward and backward ran each row's prompt, 16 runs of the round's 2 prompts; each pass now runs its
+  distinct prompts once and only the columns some row attends to. TRL shuffles a round's rows before
+  splitting it into passes; here the passes keep the round's order, so a pass holds one group's rows.
 """
 
 from __future__ import annotations
@@ -195,6 +199,62 @@ def inverse_cdf_draws() -> Iterator[None]:
         yield
 
 
+def in_round_order(batch: dict) -> dict:
+    """A round's rows as TRL's round lists them: a group's completions one after another."""
+    return batch
+
+
+@contextmanager
+def shared_prompt_passes() -> Iterator[None]:
+    """While open, GRPOTrainer scores a pass's completions with each distinct prompt run once
+    (shared_prompts.completion_scores, in TRL's chunks of rows and under its autocast), and splits a round
+    into passes in the round's order, not shuffled, so that a pass holds rows of one group. The step's
+    gradient is the same for any split of the round into passes of equal size, except under `bnpo`, whose
+    per-pass token mean weighs a pass's tokens together: it then trains on one of the splits TRL's shuffle
+    draws, always the same one. TRL's own scoring runs where a call needs more than token ids (images,
+    a mixture-of-experts loss) or where gradient checkpointing is on (the layers then drop a cache)."""
+    import torch
+    from trl import GRPOTrainer
+    from trl.trainer import grpo_trainer
+
+    from shared_prompts import completion_scores
+
+    original = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def scores(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **media,
+    ):
+        if compute_aux_loss or self.args.gradient_checkpointing or any(v is not None for v in media.values()):
+            return original(
+                self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, **media,
+            )  # fmt: skip
+        size = batch_size or input_ids.shape[0]
+        row_chunks = [slice(i, i + size) for i in range(0, input_ids.shape[0], size)]
+        with self.accelerator.autocast():
+            parts = [
+                completion_scores(model, input_ids[r], attention_mask[r], logits_to_keep, compute_entropy)
+                for r in row_chunks
+            ]
+        logps = torch.cat([logp for logp, _ in parts])
+        entropies = torch.cat([entropy for _, entropy in parts]) if compute_entropy else None
+        return logps, entropies, None
+
+    with (
+        replaced(GRPOTrainer, "_get_per_token_logps_and_entropies", scores),
+        replaced(grpo_trainer, "shuffle_sequence_dict", in_round_order),
+    ):
+        yield
+
+
 @contextmanager
 def fast_sampling(model) -> Iterator[None]:
     """`generate` on the CPU (in training and evaluation) with the LM head's input contiguous and one random
@@ -208,7 +268,7 @@ def fast_sampling(model) -> Iterator[None]:
 
 @contextmanager
 def fast_kernels(model, autocast: bool) -> Iterator[None]:
-    """For the duration (a training run) on the CPU, the kernel choices above and, under bf16 autocast, the
+    """For the duration (a training run) on the CPU, the choices above and, under bf16 autocast, the
     LoRA's input left in bf16: PEFT casts each LoRA's input to its float32 weights' dtype, which autocast
     then casts back to bf16 for the matmul, two copies of the activations per LoRA and pass for nothing
     (PEFT's own switch, disable_input_dtype_casting). Nothing changes on a GPU."""
@@ -220,6 +280,7 @@ def fast_kernels(model, autocast: bool) -> Iterator[None]:
     with (
         plain_gqa(),
         completion_scoring(),
+        shared_prompt_passes(),
         fast_sampling(model),
         disable_input_dtype_casting(model, active=autocast),
     ):

@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
-from trl.trainer.utils import RepeatSampler, shuffle_sequence_dict
+from trl.trainer import grpo_trainer
+from trl.trainer.utils import RepeatSampler
 
 MODES = ("off", "filter")
 TIE_TOLERANCE = 1e-6  # rewards of a group all within this of each other: the group tied
@@ -275,7 +276,8 @@ class DynamicSamplingTrainer(GRPOTrainer):
             return super()._prepare_inputs(generation_batch)
         # TRL's buffering, with micro-batches of unequal size: a short step has fewer rows than a round.
         if self._step % self.args.steps_per_generation == 0 or self._buffered_inputs is None:
-            batch = shuffle_sequence_dict(self._sample_informative_groups(generation_batch))
+            # TRL's shuffle, looked up when called: on the CPU cpu_training keeps the round's order instead.
+            batch = grpo_trainer.shuffle_sequence_dict(self._sample_informative_groups(generation_batch))
             rows = batch["completion_ids"].shape[0]
             self._buffered_inputs = split_rows(batch, micro_batch_sizes(rows, self.args.steps_per_generation))
         return self._buffered_inputs[self._step % self.args.steps_per_generation]

@@ -59,7 +59,6 @@ from torch._dynamo.utils import counters  # dynamo's own tally of compiled graph
 from transformers import (
     AutoModelForCausalLM,
     CompileConfig,
-    DynamicCache,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
@@ -71,6 +70,7 @@ from transformers.generation import utils as generate_loop  # its StopCheck: no 
 
 from envflags import ConfigError
 from models import load_config
+from shared_prompts import shared_prompt_cache
 
 # transformers' compile backend on CUDA is inductor. On the CPU transformers does not compile at all; the
 # sampler makes it run dynamo with the eager backend there, so the graph capture, its guards and its
@@ -554,33 +554,6 @@ class PlainSampler(Sampler):
                 if cache is not None:
                     kwargs["past_key_values"] = cache
             return plain_generate(model, input_ids, attention_mask, generation_config, **kwargs)
-
-
-def shared_prompt_cache(
-    policy: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> DynamicCache | None:
-    """A KV cache of every row's prompt but its last token where rows share prompts (a group's completions
-    all continue one prompt): each distinct prompt runs through `policy` once and its keys and values are
-    repeated for the rows that share it; `generate`, given the cache, runs each row's last prompt token and
-    samples on. A round of 2 prompts x 8 completions runs 2 prompts where it ran 16. None where every row's
-    prompt is its own. The positions are those `generate` gives left-padded rows."""
-    rows = torch.cat([input_ids, attention_mask], dim=1)
-    distinct, row_of = torch.unique(rows, dim=0, return_inverse=True)
-    if len(distinct) == len(rows) or input_ids.shape[1] < 2:
-        return None
-    ids, mask = distinct.split(input_ids.shape[1], dim=1)
-    positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
-    cache = DynamicCache(config=policy.config)
-    policy(
-        input_ids=ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=positions[:, :-1],
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache.batch_select_indices(row_of)
-    return cache
 
 
 def forced_logprobs(

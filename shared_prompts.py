@@ -1,0 +1,101 @@
+"""A group's prompt run through the model once, in sampling and in the update.
+
+GRPO samples every prompt GRPO_NUM_GENERATIONS times, and TRL runs each row on its own: at the seed's shape a
+round runs its 2 prompts 16 times when sampling and 16 times again in the update's forward and backward,
+where the prompt (the instructions, the worked example, the task: about 420 tokens of the real model's) is
+longer than the completion it leads to. Running each distinct prompt once and handing its keys and values
+to every row that continues it computes the same attention, as a KV cache does in `generate`: the rows'
+queries see the same keys and values, at the same relative positions (RoPE), so the same log-probabilities
+up to float rounding. In the update the cache keeps its autograd graph, so a prompt's gradient is the sum
+over the rows that share it, exactly what the rows' own prompts would have added up to.
+
+Where the rows of a call share no prompt nothing is shared; the columns no row attends to (the left
+padding of a batch whose longest prompt is in another pass, the right padding after a batch's longest
+completion) are left out of the update's forward as well, which changes no value: a masked column is no
+key to any row, and under the causal mask no earlier position sees a later one.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+def shared_prompt_cache(
+    policy: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> DynamicCache | None:
+    """A KV cache of every row's prompt but its last token where rows share prompts (a group's completions
+    all continue one prompt): each distinct prompt runs through `policy` once and its keys and values are
+    repeated for the rows that share it; `generate`, given the cache, runs each row's last prompt token and
+    samples on, and completion_scores runs it with the completion. A round of 2 prompts x 8 completions runs
+    2 prompts where it ran 16. None where every row's prompt is its own. The positions are those `generate`
+    gives left-padded rows. Under autograd the cache carries the prompts' graph."""
+    rows = torch.cat([input_ids, attention_mask], dim=1)
+    distinct, row_of = torch.unique(rows, dim=0, return_inverse=True)
+    if len(distinct) == len(rows) or input_ids.shape[1] < 2:
+        return None
+    ids, mask = distinct.split(input_ids.shape[1], dim=1)
+    positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
+    cache = DynamicCache(config=policy.config)
+    policy(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=positions[:, :-1],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache.batch_select_indices(row_of)
+    return cache
+
+
+def attended_columns(attention_mask: torch.Tensor, prompt_width: int) -> tuple[int, int]:
+    """The first and one past the last column any row attends to, keeping at least the last prompt column
+    and the first completion column (`prompt_width` columns of left-padded prompts, then the completions)."""
+    attended = attention_mask.bool().any(0)
+    first = int(attended[:prompt_width].int().argmax()) if bool(attended[:prompt_width].any()) else 0
+    last = int(attended.nonzero().max()) if bool(attended.any()) else prompt_width
+    return min(first, prompt_width - 1), max(last + 1, prompt_width + 1)
+
+
+def right_padded(scores: torch.Tensor, width: int) -> torch.Tensor:
+    """`scores` (rows, its width) with zeros appended up to `width` columns."""
+    return torch.nn.functional.pad(scores, (0, width - scores.shape[1]))
+
+
+def completion_scores(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_width: int,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The per-token log-probabilities (rows, `completion_width`) of the last `completion_width` columns of
+    `input_ids` (left-padded prompts, then right-padded completions, as TRL's trainer joins them), and their
+    entropies if asked: what TRL's `model(..., labels=..., fused_lm_head=True)` gives them, computed with
+    each distinct prompt run once and the unattended columns left out (the module docstring says why).
+    Columns past the last attended one score 0, as TRL's masked positions do."""
+    prompt_width = input_ids.shape[1] - completion_width
+    first, end = attended_columns(attention_mask, prompt_width)
+    ids, mask = input_ids[:, first:end], attention_mask[:, first:end]
+    prompt_width -= first
+    cache = shared_prompt_cache(model, ids[:, :prompt_width], mask[:, :prompt_width])
+    if cache is None:
+        start, positions = 0, None  # the model's own positions, as in TRL's call
+    else:  # each row's last prompt token, then its completion, after the cached prompt
+        start = prompt_width - 1
+        positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)[:, start:]
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :prompt_width] = -100
+    outputs = model(
+        input_ids=ids[:, start:],
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        labels=labels[:, start:],
+        fused_lm_head=True,
+    )
+    scored = end - first - prompt_width
+    logps = right_padded(outputs.log_probs[:, -scored:], completion_width)
+    entropies = right_padded(outputs.entropy[:, -scored:], completion_width) if compute_entropy else None
+    return logps, entropies
