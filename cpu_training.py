@@ -212,7 +212,8 @@ def shared_prompt_passes() -> Iterator[None]:
     gradient is the same for any split of the round into passes of equal size, except under `bnpo`, whose
     per-pass token mean weighs a pass's tokens together: it then trains on one of the splits TRL's shuffle
     draws, always the same one. TRL's own scoring runs where a call needs more than token ids (images,
-    a mixture-of-experts loss) or where gradient checkpointing is on (the layers then drop a cache)."""
+    a mixture-of-experts loss), where gradient checkpointing is on (the layers then drop a cache) and
+    where processes train together (DDP's wrapper expects one forward a backward)."""
     import torch
     from trl import GRPOTrainer
     from trl.trainer import grpo_trainer
@@ -232,7 +233,12 @@ def shared_prompt_passes() -> Iterator[None]:
         compute_aux_loss=False,
         **media,
     ):
-        if compute_aux_loss or self.args.gradient_checkpointing or any(v is not None for v in media.values()):
+        if (
+            compute_aux_loss
+            or self.args.gradient_checkpointing
+            or self.accelerator.num_processes > 1
+            or any(v is not None for v in media.values())
+        ):
             return original(
                 self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                 compute_aux_loss, **media,

@@ -134,12 +134,14 @@ def test_rows_of_their_own_prompts_are_scored_whole_without_the_unattended_colum
     assert_same_scores_and_gradients(model, ids, mask, width, [(3, prompt + longest)])
 
 
+@pytest.mark.parametrize("checkpointing", ["off", "on"])
 def test_a_cpu_training_run_scores_each_pass_of_one_group_with_its_prompt_once(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, checkpointing: str
 ) -> None:
     """2 prompts x 4 completions a step in passes of 2: on the CPU each pass holds rows of one group (TRL's
     shuffle would give all 4 passes of both steps one group each 0.7% of the time), scored through
-    completion_scores with one prompt; TRL's methods are TRL's again after."""
+    completion_scores with one prompt; with gradient checkpointing, whose layers drop a cache, TRL scores
+    every pass itself. TRL's methods are TRL's again after."""
     if not cpu_training.on_cpu():
         pytest.skip("the update shares prompts on the CPU; a GPU box keeps TRL's path")
     passes: list[int] = []
@@ -155,10 +157,11 @@ def test_a_cpu_training_run_scores_each_pass_of_one_group_with_its_prompt_once(
         *("--output-dir", str(tmp_path / "out"), "--max-steps", "2", "--save-steps", "5"),
         *("--batch-size", "2", "--num-generations", "4", "--grad-accum-steps", "1", "--max-completion", "8"),
         *("--lora-r", "4", "--lora-alpha", "8", "--eval-steps", "none", "--report-to", "none"),
+        *("--gradient-checkpointing", checkpointing),
     ]
     with mock.patch.object(shared_prompts, "shared_prompt_cache", distinct_prompts):
         assert train.main(flags, environ={}) == 0
-    assert passes == [1] * 8  # 2 steps x 4 passes, each of one group
+    assert passes == ([1] * 8 if checkpointing == "off" else [])  # 2 steps x 4 passes, each of one group
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     assert GRPOTrainer._get_per_token_logps_and_entropies is scoring
