@@ -209,11 +209,11 @@ def shared_prompt_passes() -> Iterator[None]:
     """While open, GRPOTrainer scores a pass's completions with each distinct prompt run once
     (shared_prompts.completion_scores, in TRL's chunks of rows and under its autocast), and splits a round
     into passes in the round's order, not shuffled, so that a pass holds rows of one group. The step's
-    gradient is the same for any split of the round into passes of equal size, except under `bnpo`, whose
-    per-pass token mean weighs a pass's tokens together: it then trains on one of the splits TRL's shuffle
-    draws, always the same one. TRL's own scoring runs where a call needs more than token ids (images,
-    a mixture-of-experts loss), where gradient checkpointing is on (the layers then drop a cache) and
-    where processes train together (DDP's wrapper expects one forward a backward)."""
+    gradient is the same for any split of the round into passes of equal size, except under `bnpo` (a token
+    mean per pass) and a top-entropy quantile below 1 (a quantile per pass): those then train on one of the
+    splits TRL's shuffle draws, always the same one. TRL's own scoring runs where a call needs more than
+    token ids (images, a mixture-of-experts loss), where gradient checkpointing is on (the layers then drop
+    a cache) and where processes train together (DDP's wrapper expects one forward a backward)."""
     import torch
     from trl import GRPOTrainer
     from trl.trainer import grpo_trainer
