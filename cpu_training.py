@@ -169,13 +169,14 @@ def inverse_cdf_draw(probs, generator=None):
     import torch
 
     cumulative = probs.cumsum(-1, dtype=torch.float64)
-    total = cumulative[:, -1:]
+    total = cumulative[:, -1:].contiguous()  # searchsorted copies a strided one, and warns
     if not bool(((total > 0) & total.isfinite()).all()):
         return None
     draw = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator) * total
     index = torch.searchsorted(cumulative, draw, right=True)
-    # A draw rounded up to the total would land past the row's last entry of weight > 0.
-    last = (cumulative < total).sum(-1, keepdim=True)
+    # A draw rounded up to the total would land past the row's last entry of weight > 0: the first entry
+    # whose cumulative weight reaches the total.
+    last = torch.searchsorted(cumulative, total)
     return torch.minimum(index, last)
 
 
