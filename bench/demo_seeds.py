@@ -10,6 +10,7 @@ reward curves into bench/demo_seeds.png.
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ PLOT = ROOT / "bench" / "demo_seeds.png"
 
 def run_demo(seed: int) -> tuple[Path, float]:
     out = ROOT / "grpo_runs" / f"demo-seed-{seed}"
+    shutil.rmtree(out, ignore_errors=True)  # the bench's own last run: train.py refuses to start over it
     started = time.monotonic()
     subprocess.run(
         [sys.executable, "train.py", "--demo", "--seed", str(seed), "--output-dir", str(out)],
