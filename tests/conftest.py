@@ -6,6 +6,7 @@ set, a train.py subprocess, the preflight's lines)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -204,6 +205,22 @@ def compile_notes(log: list[str]) -> list[str]:
 # float32 LoRA elsewhere: cpu_training.bf16_autocast). The LoRA given an effect moves them by 0.39.
 LOGPROB_TOLERANCE = {"float32": 1e-4, "bf16": 0.03}
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@contextlib.contextmanager
+def first_layer_shapes(model):
+    """While open, the (rows, positions) of every input the PEFT model's first decoder layer gets, appended
+    to the list it yields: what a forward ran the model on."""
+    shapes: list[tuple[int, int]] = []
+
+    def record(_, args, kwargs) -> None:
+        shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2]))
+
+    watch = model.get_base_model().model.layers[0].register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield shapes
+    finally:
+        watch.remove()
 
 
 def bf16_peft(tiny_model: Path, device: str = "cpu"):

@@ -35,6 +35,7 @@ from conftest import (
     bf16_peft,
     compile_notes,
     compiled_run_flags,
+    first_layer_shapes,
     small_held_out_set,
 )
 from generation import CompiledSampler, gradient_checkpointing, model_update_peak_bytes
@@ -152,17 +153,8 @@ def test_plain_sampling_runs_each_distinct_prompt_once_and_samples_the_same_poli
     ids, mask = prompt_batch(tokenizer, [p for p in problems for _ in range(4)])
     completion = torch.randint(5, 2000, (8, 12), generator=torch.Generator().manual_seed(0))
     config = GenerationConfig(do_sample=True, temperature=0.9, top_k=0, pad_token_id=tokenizer.pad_token_id)
-    shapes: list[tuple[int, int]] = []
-    first_layer = model.get_base_model().model.layers[0]
-
-    def record(_, args, kwargs) -> None:
-        shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2]))
-
-    watch = first_layer.register_forward_pre_hook(record, with_kwargs=True)
-    try:
+    with first_layer_shapes(model) as shapes:
         shared = generation.PlainSampler().token_logprobs(model, ids, mask, completion, config)
-    finally:
-        watch.remove()
     assert shapes == [(2, ids.shape[1] - 1)] + [(8, 1)] * completion.shape[1]
 
     def plain(*args, **kwargs):

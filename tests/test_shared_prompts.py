@@ -21,7 +21,7 @@ import cpu_training
 import shared_prompts
 import train
 from bench.train_step import give_lora_an_effect, prompt_batch
-from conftest import SEVEN
+from conftest import SEVEN, first_layer_shapes
 from problems import BUNDLED_PROBLEMS, load_problems
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -71,17 +71,8 @@ def trl_scores(model, ids, mask, width):
 
 def layer_inputs(model, score) -> tuple[list[tuple[int, int]], tuple]:
     """The (rows, columns) the first decoder layer saw while `score()` ran, and what it returned."""
-    shapes: list[tuple[int, int]] = []
-    layer = model.get_base_model().model.layers[0]
-
-    def record(_, args, kwargs) -> None:
-        shapes.append(tuple((args[0] if args else kwargs["hidden_states"]).shape[:2]))
-
-    watch = layer.register_forward_pre_hook(record, with_kwargs=True)
-    try:
+    with first_layer_shapes(model) as shapes:
         return shapes, score()
-    finally:
-        watch.remove()
 
 
 def gradients_of(model, logps, entropies, mask) -> dict[str, torch.Tensor]:
