@@ -225,7 +225,9 @@ def test_any_prompt_length_and_a_short_batch_share_one_compile(bf16_peft_model, 
         assert out.shape == (batch, length + 6)
         assert torch.equal(out[:, :length], ids)
     # One graph (no graph break) for prompts from 9 to 48 tokens and for batches short of a round (padded).
-    assert [line.split(";")[0] for line in lines] == [
+    # The WARNING of a slow round is left out: it reads the box's load, not the compiles (a busy CI box once
+    # had these 6 ms decoding steps at 2.1x).
+    assert [line.split(";")[0] for line in lines if "per decoding step" not in line] == [
         "compiling the sampler (once per run)...",
         "sampling compiled: 1 graph(s) for 3 sequences x 54 cache positions",
     ]
