@@ -21,6 +21,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 
+def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The position of each column of left-padded rows, as `generate` gives them: a row's first attended
+    column is 0, its padding 1. The cached prompt and what follows it must be given the same ones."""
+    return (attention_mask.cumsum(-1) - 1).masked_fill_(attention_mask == 0, 1)
+
+
 def shared_prompt_cache(
     policy: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> DynamicCache | None:
@@ -35,7 +41,7 @@ def shared_prompt_cache(
     if len(distinct) == len(rows) or input_ids.shape[1] < 2:
         return None
     ids, mask = distinct.split(input_ids.shape[1], dim=1)
-    positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
+    positions = left_padded_positions(mask)
     cache = DynamicCache(config=policy.config)
     policy(
         input_ids=ids[:, :-1],
@@ -84,7 +90,7 @@ def completion_scores(
         start, positions = 0, None  # the model's own positions, as in TRL's call
     else:  # each row's last prompt token, then its completion, after the cached prompt
         start = prompt_width - 1
-        positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)[:, start:]
+        positions = left_padded_positions(mask)[:, start:]
     labels = ids.masked_fill(mask == 0, -100)
     labels[:, :prompt_width] = -100
     outputs = model(

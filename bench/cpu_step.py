@@ -17,14 +17,16 @@ against its limit, measured in the same run:
 Arms, each a run of train.py in this process (the machine is shared, so ratios between arms, not absolute
 seconds, are the result; the load average is printed with each):
 
-    before      TRL's and transformers' own CPU path: no autocast (PEFT multiplies the LoRA in float32),
-                the LM head over every position, SDPA's grouped-query kernel where the mask is None, TRL's
-                sampling
-    after       as shipped: cpu_training.py's choices and generation.PlainSampler
-    unshared    after with TRL's scoring in the update (every row's prompt, every column of the round; TRL's
-                shuffled passes): what shared_prompts.py saves the update (not in the default arms)
-    no-dropout  after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
-                masks cost the update, each element drawn by torch's CPU generator (not in the default arms)
+    before         TRL's and transformers' own CPU path: no autocast (PEFT multiplies the LoRA in float32),
+                   the LM head over every position, SDPA's grouped-query kernel where the mask is None,
+                   TRL's sampling
+    after          as shipped: cpu_training.py's choices and generation.PlainSampler
+    unshared       after with TRL's scoring in the update (every row's prompt, every column of the round;
+                   TRL's shuffled passes): what shared_prompts.py saves the update (not in the default arms)
+    torch-dropout  after with torch's own dropout masks, one draw of its CPU generator an element: what
+                   drawing them from 16 random bits an element saves the update (not in the default arms)
+    no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
+                   masks still cost the update (not in the default arms)
 
 Every arm runs at the threads train.py picks from the load (cpu_training.use_free_cores); what that choice is
 worth shows in the bf16 matmul rate printed first at one thread and at torch's default.
@@ -71,7 +73,7 @@ SHAPE = [
     *("--batch-size", str(PROMPTS), "--num-generations", str(GENERATIONS), "--grad-accum-steps", "1"),
     *("--learning-rate", "5e-5"),
 ]
-ARMS = ("before", "after", "unshared", "no-dropout")
+ARMS = ("before", "after", "unshared", "torch-dropout", "no-dropout")
 DEFAULT_ARMS = "before,after"
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
 QWEN_0_5B_WIDTH, QWEN_0_5B_INTERMEDIATE, QWEN_0_5B_VOCAB = 896, 4864, 151936
@@ -132,10 +134,11 @@ def limits(step: dict, sizes: dict[str, int], rate: float, read_rate: float, wei
 
 @contextlib.contextmanager
 def arm(name: str):
-    """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`: its
-    shared prompts in the update alone."""
-    if name == "unshared":
-        with mock.patch.object(cpu_training, "shared_prompt_passes", contextlib.nullcontext):
+    """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared` and
+    `torch-dropout`: its shared prompts in the update, or its dropout masks, alone."""
+    alone = {"unshared": "shared_prompt_passes", "torch-dropout": "dropout_masks_from_bits"}
+    if name in alone:
+        with mock.patch.object(cpu_training, alone[name], contextlib.nullcontext):
             yield
         return
     if name != "before":
@@ -329,7 +332,8 @@ def main() -> int:
             f"| {name} | {row['per completion']:.2f} | {row['sampling']:.1f} | {row['reward']:.1f} | "
             f"{row['update']:.1f} | {row['load']:.1f} |"
         )
-    for slower, faster in (("before", "after"), ("unshared", "after"), ("after", "no-dropout")):
+    pairs = (("before", "after"), ("unshared", "after"), ("torch-dropout", "after"), ("after", "no-dropout"))
+    for slower, faster in pairs:
         if slower in summary and faster in summary:
             ratios = ", ".join(
                 f"{part} {summary[slower][part] / summary[faster][part]:.2f}x"

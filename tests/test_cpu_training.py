@@ -1,6 +1,7 @@
-"""cpu_training.py's LM-head fix on the tiny model: a prompt's first forward in `generate` hands the LM head a
-slice whose rows lie a prompt apart, which torch multiplies by expanding the head's weight to one copy per
-row; under contiguous_head_input the head reads a contiguous copy and the logits are the same."""
+"""cpu_training.py's CPU choices on the tiny model: the LM head's contiguous input (a prompt's first forward
+in `generate` hands the head a slice whose rows lie a prompt apart, which torch multiplies by expanding the
+head's weight to one copy per row; under contiguous_head_input the head reads a contiguous copy and the
+logits are the same), one draw per sampled token, and dropout's masks from 16 random bits an element."""
 
 import contextlib
 from pathlib import Path
@@ -8,10 +9,12 @@ from unittest import mock
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 import cpu_training
 from bench.train_step import prompt_batch
+from conftest import SEVEN
 from problems import BUNDLED_PROBLEMS, load_problems
 
 pytestmark = [
@@ -95,3 +98,58 @@ def test_generate_samples_through_one_draw_per_token(tiny_model: Path) -> None:
         sampled = model.generate(input_ids=ids, attention_mask=mask, **length, do_sample=True, top_k=1)
     assert torch.equal(sampled, greedy)
     assert draws.call_count == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_from_bits_drops_its_share_in_every_lane_and_keeps_the_mean(dtype) -> None:
+    """Each of the four 16-bit lanes of a 64-bit draw drops its share (torch's `random_()` leaves an int64's
+    top bit 0, which would never drop an element of the fourth lane), the rest scaled so the mean holds, and
+    the gradient is the mask."""
+    dropped = round(0.05 * 65536)
+    share = dropped / 65536
+    x = torch.ones(4 * 100_000, dtype=dtype, requires_grad=True)
+    torch.manual_seed(0)
+    out = cpu_training.dropout_from_bits(x, dropped)
+    zero = (out == 0).view(-1, 4).double()
+    spread = (share * (1 - share) / len(zero)) ** 0.5
+    assert ((zero.mean(0) - share).abs() <= 5 * spread).all(), zero.mean(0)
+    scale = torch.tensor(65536 / (65536 - dropped), dtype=dtype)
+    assert torch.equal(out[out != 0], scale.expand(int((out != 0).sum())))
+    out.sum().backward()
+    assert torch.equal(x.grad, out.detach())
+    torch.manual_seed(0)
+    assert torch.equal(cpu_training.dropout_from_bits(x.detach(), dropped), out.detach())  # torch's seed
+
+
+def test_dropout_is_drawn_from_bits_only_in_training_and_on_the_cpu() -> None:
+    x = torch.ones(64, 64)
+    original = torch.nn.functional.dropout
+    with (
+        mock.patch.object(cpu_training, "dropout_from_bits", wraps=cpu_training.dropout_from_bits) as bits,
+        cpu_training.dropout_masks_from_bits(),
+    ):
+        assert 0 < int((torch.nn.Dropout(0.05)(x) == 0).sum()) < x.numel() and bits.call_count == 1
+        assert torch.equal(torch.nn.Dropout(0.05).eval()(x), x)
+        assert torch.equal(torch.nn.Dropout(0.0)(x), x)
+        assert torch.equal(torch.nn.Dropout(1.0)(x), torch.zeros_like(x))
+        torch.nn.Dropout(0.05, inplace=True)(x.clone())
+        assert bits.call_count == 1  # eval, p 0 and 1 and in place: torch's own
+    assert torch.nn.functional.dropout is original
+
+
+def test_a_training_forward_of_the_lora_draws_its_dropout_from_bits(tiny_model: Path) -> None:
+    """Every LoRA dropout of a training forward (seven projections x two layers) goes through
+    dropout_from_bits under fast_kernels; a forward in eval mode (as sampling's) draws none."""
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
+    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=SEVEN, task_type="CAUSAL_LM")
+    model = get_peft_model(base, config)
+    ids = torch.randint(5, 2000, (2, 12))
+    with (
+        mock.patch.object(cpu_training, "dropout_from_bits", wraps=cpu_training.dropout_from_bits) as bits,
+        cpu_training.fast_kernels(model, autocast=True),
+    ):
+        for training in (True, False):
+            model.train(training)
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # as the trainer's update (fast_kernels)
+                model(input_ids=ids).logits.float().sum().backward()
+            assert bits.call_count == 7 * base.config.num_hidden_layers
