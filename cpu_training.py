@@ -218,7 +218,7 @@ def dropout_from_bits(x, dropped: int):
 
 @contextmanager
 def dropout_masks_from_bits() -> Iterator[None]:
-    """While open, dropout in training on a CPU float tensor (the LoRA's, as nn.Dropout calls
+    """While open, dropout in training on a CPU tensor (the LoRA's, as nn.Dropout calls
     `torch.nn.functional.dropout`) is dropout_from_bits at p rounded to a multiple of 1/65,536 (0.05 is
     0.050003); every other call (eval mode, p 0 or 1, in place, another device) is torch's own."""
     import torch.nn.functional as F

@@ -138,7 +138,7 @@ def test_dropout_is_drawn_from_bits_only_in_training_and_on_the_cpu() -> None:
 
 
 def test_a_training_forward_of_the_lora_draws_its_dropout_from_bits(tiny_model: Path) -> None:
-    """Every LoRA dropout of a training forward (seven projections x two layers) goes through
+    """Every LoRA dropout of a training forward (seven projections in every layer) goes through
     dropout_from_bits under fast_kernels; a forward in eval mode (as sampling's) draws none."""
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
     config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=SEVEN, task_type="CAUSAL_LM")
