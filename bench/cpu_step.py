@@ -75,6 +75,8 @@ SHAPE = [
 ]
 ARMS = ("before", "after", "unshared", "torch-dropout", "no-dropout")
 DEFAULT_ARMS = "before,after"
+# The arms compared, each as (slower, faster): the change an arm leaves out, or what dropout costs.
+PAIRS = (("before", "after"), ("unshared", "after"), ("torch-dropout", "after"), ("after", "no-dropout"))
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
 QWEN_0_5B_WIDTH, QWEN_0_5B_INTERMEDIATE, QWEN_0_5B_VOCAB = 896, 4864, 151936
 
@@ -236,9 +238,10 @@ def print_sft_table(summary: dict[str, dict]) -> None:
     print("|---|---|---|---|")
     for name, row in summary.items():
         print(f"| {name} | {row['s a step']:.1f} | {row['tokens/s']:.0f} | {row['load']:.1f} |")
-    if len(summary) == 2:
-        ratio = summary["after"]["tokens/s"] / summary["before"]["tokens/s"]
-        print(f"\nafter / before tokens/s: {ratio:.2f}x")
+    for slower, faster in PAIRS:
+        if slower in summary and faster in summary:
+            ratio = summary[faster]["tokens/s"] / summary[slower]["tokens/s"]
+            print(f"\n{faster} / {slower} tokens/s: {ratio:.2f}x")
 
 
 def bf16_tiny_model(path: Path) -> Path:
@@ -332,8 +335,7 @@ def main() -> int:
             f"| {name} | {row['per completion']:.2f} | {row['sampling']:.1f} | {row['reward']:.1f} | "
             f"{row['update']:.1f} | {row['load']:.1f} |"
         )
-    pairs = (("before", "after"), ("unshared", "after"), ("torch-dropout", "after"), ("after", "no-dropout"))
-    for slower, faster in pairs:
+    for slower, faster in PAIRS:
         if slower in summary and faster in summary:
             ratios = ", ".join(
                 f"{part} {summary[slower][part] / summary[faster][part]:.2f}x"

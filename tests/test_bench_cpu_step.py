@@ -55,3 +55,24 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
     assert re.search(r"torch-dropout / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"after / no-dropout: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"^no-dropout: load average .*; train\.py --lora-dropout 0$", out, re.MULTILINE)
+
+
+def test_a_tiny_sft_run_prints_each_step_the_table_and_the_ratio(run_python) -> None:
+    result = run_python(
+        *("bench/cpu_step.py", "--tiny", "--sft", "--steps", "2", "--arms", "torch-dropout,after"),
+        timeout=900,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    steps = re.findall(
+        r"^(\S+) SFT step (\d): \S+ s \(\d+ tokens/s; limit \S+ s, \S+x\); (\d+) tokens, (\d+) of them "
+        "answer",
+        out,
+        re.MULTILINE,
+    )
+    assert [(arm, n) for arm, n, *_ in steps] == [(a, n) for a in ("torch-dropout", "after") for n in "12"]
+    assert all(0 < int(answer) < int(tokens) for *_, tokens, answer in steps)
+    table = [line for line in out.splitlines() if line.startswith("| ") and "SFT s" not in line]
+    assert [row.split("|")[1].strip() for row in table] == ["torch-dropout", "after"]
+    assert re.search(r"^after / torch-dropout tokens/s: \d+\.\d\dx$", out, re.MULTILINE)
