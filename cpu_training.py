@@ -32,11 +32,17 @@ transformers' own CPU path:
 - One random draw per sampled token (`inverse_cdf_draws`). `torch.multinomial` draws one token by drawing an
   exponential for every entry of the vocabulary and taking the largest probability-to-draw ratio: 151,936
   draws a row from torch's CPU generator, one element at a time, at every decoding step. Inverting each
-  row's cumulative probabilities (summed in float64) at one uniform draw samples the same distribution.
+  row's cumulative probabilities (summed in float64) at one uniform draw samples the same distribution. The
+  sum runs in blocks of 128 entries, then within the block the draw falls in, so that no float64 copy of a
+  whole row is made at every decoding step.
 - A group's prompt run once in the update (`shared_prompt_passes`, shared_prompts.py says how): TRL's
   forward and backward ran each row's prompt, 16 runs of the round's 2 prompts; each pass now runs its
   distinct prompts once and only the columns some row attends to. TRL shuffles a round's rows before
   splitting it into passes; here the passes keep the round's order, so a pass holds one group's rows.
+- A pass of a whole group (`update_passes`, `group_per_pass`): where TRL's passes of GRPO_BATCH_SIZE rows
+  would each hold part of a group (2 of a group of 8), each of them ran the group's prompt again; a pass
+  now holds the group, its prompt run once, its rows in forwards of like completion lengths
+  (shared_prompts.length_buckets) so that one long completion does not pad the others.
 - Dropout's masks from 16 random bits an element (`dropout_masks_from_bits`). torch's CPU dropout draws one
   number from its generator for every element it may drop, serially: the LoRA's dropout (the seed's 0.05)
   cost the update about 1.5x at two threads. Four elements now share one 64-bit draw; p is rounded to a
@@ -47,11 +53,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from envflags import ConfigError
 from models import load_config
+
+# Entries of a row summed together before the draw picks a block (inverse_cdf_draw): a block's sum is a
+# vectorised reduction, and a decoding step's cumulative sums run over width / 128 blocks and 128 entries.
+DRAW_BLOCK = 128
 
 
 def on_cpu() -> bool:
@@ -164,24 +174,41 @@ def contiguous_head_input(model) -> Iterator[None]:
         hook.remove()
 
 
+def first_above(cumulative, values):
+    """Per row, the first column of `cumulative` (non-decreasing rows) above `values` (one per row), or, where
+    rounding put a value at or past the row's last entry, the first column that reaches that entry: never a
+    column that adds nothing to the one before it."""
+    import torch
+
+    index = torch.searchsorted(cumulative, values, right=True)
+    return torch.minimum(index, torch.searchsorted(cumulative, cumulative[:, -1:].contiguous()))
+
+
 def inverse_cdf_draw(probs, generator=None):
     """One index per row of `probs` (rows of non-negative weights, as `generate` passes to
     `torch.multinomial(probs, 1)`), drawn with probability proportional to its weight: the first entry whose
     cumulative weight (summed in float64) exceeds a uniform draw times the row's total, never an entry of
-    weight 0. None where a row's total is not a positive finite number: torch.multinomial's own error says
-    what is wrong with it."""
+    weight 0. The sum runs in two levels, blocks of DRAW_BLOCK entries and then within the block the draw
+    falls in: one pass over the row, where a cumulative sum of the whole row (151,936 entries for Qwen2.5,
+    cast to float64) cost a decoding step of 16 rows about 20 ms. None where a row's total is not a positive
+    finite number: torch.multinomial's own error says what is wrong with it."""
     import torch
 
-    cumulative = probs.cumsum(-1, dtype=torch.float64)
-    total = cumulative[:, -1:].contiguous()  # searchsorted copies a strided one, and warns
+    rows, width = probs.shape
+    whole = width - width % DRAW_BLOCK
+    sums = probs[:, :whole].view(rows, -1, DRAW_BLOCK).sum(-1, dtype=torch.float64)
+    if whole < width:
+        sums = torch.cat([sums, probs[:, whole:].sum(-1, keepdim=True, dtype=torch.float64)], dim=1)
+    cumulative = sums.cumsum(-1)
+    total = cumulative[:, -1:]
     if not bool(((total > 0) & total.isfinite()).all()):
         return None
     draw = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator) * total
-    index = torch.searchsorted(cumulative, draw, right=True)
-    # A draw rounded up to the total would land past the row's last entry of weight > 0: the first entry
-    # whose cumulative weight reaches the total.
-    last = torch.searchsorted(cumulative, total)
-    return torch.minimum(index, last)
+    block = first_above(cumulative, draw)
+    before = torch.nn.functional.pad(cumulative, (1, 0)).gather(1, block)  # the weight of the blocks before
+    columns = block * DRAW_BLOCK + torch.arange(DRAW_BLOCK, device=probs.device)
+    inside = probs.gather(1, columns.clamp(max=width - 1)).masked_fill(columns >= width, 0)
+    return block * DRAW_BLOCK + first_above(inside.cumsum(-1, dtype=torch.float64), draw - before)
 
 
 @contextmanager
@@ -233,6 +260,47 @@ def dropout_masks_from_bits() -> Iterator[None]:
 
     with replaced(F, "dropout", dropout):
         yield
+
+
+def update_pass_tokens(cfg, whole_groups: bool) -> int:
+    """The most positions one pass of the update holds: a whole group's prompt, once, and its completions
+    (shared_prompt_passes), or TRL's GRPO_BATCH_SIZE rows of prompt and completion each."""
+    if whole_groups:
+        return cfg.max_prompt_length + cfg.num_generations * cfg.max_completion_length
+    return cfg.per_device_train_batch_size * (cfg.max_prompt_length + cfg.max_completion_length)
+
+
+def update_passes(
+    cfg, processes: int, peak_bytes: Callable[[int], int], memory_bytes: int
+) -> tuple[bool, str, bool]:
+    """GRPO_GRADIENT_CHECKPOINTING resolved (generation.gradient_checkpointing, from the estimated peak
+    `peak_bytes` of a pass's positions), why, and whether each pass of the update holds one whole group.
+    It does on the CPU, in one process, where TRL's passes of GRPO_BATCH_SIZE completions would hold part of
+    a group (fewer than GRPO_NUM_GENERATIONS) and the group's pass fits without checkpointing (whose layers
+    drop the cache a shared prompt needs): shared_prompt_passes then runs each prompt once a round, where
+    each of its group's passes ran it again (2 prompts x 8 completions in passes of 2: 8 prompt runs a step,
+    now 2). group_per_pass sets it."""
+    from generation import gradient_checkpointing
+
+    def resolved(whole_groups: bool) -> tuple[bool, str]:
+        tokens = update_pass_tokens(cfg, whole_groups)
+        return gradient_checkpointing(cfg.gradient_checkpointing, lambda: peak_bytes(tokens), memory_bytes)
+
+    splits_groups = cfg.per_device_train_batch_size < cfg.num_generations
+    if on_cpu() and processes == 1 and splits_groups and cfg.gradient_checkpointing != "on":
+        checkpointing, why = resolved(True)
+        if not checkpointing:
+            return False, why, True
+    return (*resolved(False), False)
+
+
+def group_per_pass(args, num_generations: int) -> None:
+    """TRL's GRPOConfig `args` set to train each round in passes of one group (`num_generations` rows), as
+    many as the round has prompts: the same round, optimizer step and gradient (shared_prompt_passes says
+    when the split matters), each prompt run once (update_passes says where)."""
+    round_rows = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    args.per_device_train_batch_size = num_generations
+    args.gradient_accumulation_steps = args.steps_per_generation = round_rows // num_generations
 
 
 def in_round_order(batch: dict) -> dict:

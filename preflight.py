@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import cpu_training
 from envflags import ConfigError
 from settings import TrainConfig, round_rows
 
@@ -194,9 +195,10 @@ def check_device() -> str:
     )
 
 
-def model_memory(cfg: TrainConfig) -> tuple[int, int, int, int]:
-    """(parameters, weight bytes, bytes of the sampler's KV cache for one round, estimated peak bytes of the
-    update without checkpointing), from the model's config alone (meta device, nothing loaded)."""
+def model_memory(cfg: TrainConfig) -> tuple[int, int, int, Callable[[int], int]]:
+    """(parameters, weight bytes, bytes of the sampler's KV cache for one round, the estimated peak bytes of
+    the update without checkpointing as a function of a pass's positions), from the model's config alone
+    (meta device, nothing loaded)."""
     import torch
 
     import generation
@@ -210,8 +212,7 @@ def model_memory(cfg: TrainConfig) -> tuple[int, int, int, int]:
     positions = cfg.max_prompt_length + cfg.max_completion_length
     element = torch.finfo(config.dtype or torch.float32).bits // 8
     cache = 2 * text.num_hidden_layers * rows * positions * kv_heads * head_dim * element
-    without = generation.update_peak_bytes(config, weights, cfg.per_device_train_batch_size * positions)
-    return params, weights, cache, without
+    return params, weights, cache, functools.partial(generation.update_peak_bytes, config, weights)
 
 
 def check_model(cfg: TrainConfig, sources: Mapping[str, str]) -> str:
@@ -220,7 +221,7 @@ def check_model(cfg: TrainConfig, sources: Mapping[str, str]) -> str:
     import generation
 
     try:
-        params, weights, cache, without = model_memory(cfg)
+        params, weights, cache, peak = model_memory(cfg)
     except ConfigError as err:  # in its own words: the hub unreachable, the way forward
         raise Failed(str(err)) from None
     except (OSError, ValueError) as err:
@@ -228,12 +229,12 @@ def check_model(cfg: TrainConfig, sources: Mapping[str, str]) -> str:
     layers = model_config(cfg.model_id).get_text_config().num_hidden_layers
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     memory = generation.device_memory(device)
-    # With checkpointing only one layer's activations are held at a time, besides each layer's input.
+    checkpointing, why, whole_groups = cpu_training.update_passes(cfg, 1, peak, memory)
+    without = peak(cpu_training.update_pass_tokens(cfg, whole_groups))
+    # With checkpointing only one layer's activations are held at a time, besides each layer's input; its
+    # passes are TRL's (update_passes).
     copies = generation.WEIGHT_COPIES * weights
-    with_checkpointing = copies + (without - copies) // layers
-    checkpointing, why = generation.gradient_checkpointing(
-        cfg.gradient_checkpointing, lambda: without, memory
-    )
+    with_checkpointing = copies + (peak(cpu_training.update_pass_tokens(cfg, False)) - copies) // layers
     where = "GPU" if device.type == "cuda" else "RAM"
     count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.1f}M"
     return (

@@ -111,7 +111,11 @@ class TrainConfig(RewardConfig):
         "grpo_runs", "GRPO_OUTPUT_DIR", "learning.log, metrics.jsonl, reward_logs/, checkpoints, adapter"
     )
     per_device_train_batch_size: int = setting(
-        4, "GRPO_BATCH_SIZE", "prompts per device per step; also completions per forward/backward pass", low=1
+        4,
+        "GRPO_BATCH_SIZE",
+        "prompts per device per step; also completions per forward/backward pass (on the CPU a whole group "
+        "where that is more)",
+        low=1,
     )
     gradient_accumulation_steps: int = setting(
         1, "GRPO_GRAD_ACCUM_STEPS", "multiplies the prompts of one optimizer step", low=1

@@ -263,15 +263,21 @@ def train(
             f"step takes {prompts_per_round}; lower GRPO_BATCH_SIZE or GRPO_GRAD_ACCUM_STEPS"
         )
 
-    tokens = cfg.per_device_train_batch_size * (cfg.max_prompt_length + cfg.max_completion_length)
-    checkpointing, why = generation.gradient_checkpointing(
-        cfg.gradient_checkpointing,
-        lambda: generation.model_update_peak_bytes(cfg.model_id, tokens),
+    checkpointing, why, whole_groups = cpu_training.update_passes(
+        cfg,
+        args.world_size,
+        lambda tokens: generation.model_update_peak_bytes(cfg.model_id, tokens),
         memory_bytes=generation.device_memory(args.device),
     )
     # Settled before TRL reads it; transformers 5 calls it activation_checkpointing, GRPOConfig has both.
     args.gradient_checkpointing = args.activation_checkpointing = checkpointing
-    note(f"sampling: {cfg.generation}; gradient checkpointing: {'on' if checkpointing else 'off'} ({why})")
+    if whole_groups:
+        cpu_training.group_per_pass(args, cfg.num_generations)
+    note(
+        f"sampling: {cfg.generation}; gradient checkpointing: {'on' if checkpointing else 'off'} ({why}); "
+        f"update: passes of {args.per_device_train_batch_size} completions"
+        + (" (a group each, its prompt run once)" if whole_groups else "")
+    )
     if cfg.init_adapter:
         note(f"GRPO continues to train the adapter {cfg.init_adapter} on {cfg.model_id}")
     policy = policy_model(cfg)

@@ -19,10 +19,14 @@ seconds, are the result; the load average is printed with each):
 
     before         TRL's and transformers' own CPU path: no autocast (PEFT multiplies the LoRA in float32),
                    the LM head over every position, SDPA's grouped-query kernel where the mask is None,
-                   TRL's sampling
+                   TRL's sampling, TRL's passes of GRPO_BATCH_SIZE completions
     after          as shipped: cpu_training.py's choices and generation.PlainSampler
     unshared       after with TRL's scoring in the update (every row's prompt, every column of the round;
-                   TRL's shuffled passes): what shared_prompts.py saves the update (not in the default arms)
+                   TRL's shuffled passes of GRPO_BATCH_SIZE): what shared_prompts.py saves the update (not
+                   in the default arms)
+    split-groups   after with TRL's passes of GRPO_BATCH_SIZE completions, each run in one forward up to
+                   its longest (a group's prompt once a pass, so 4 times in a group of 8 at passes of 2):
+                   what a pass of a whole group in forwards of like lengths saves (not in the default arms)
     torch-dropout  after with torch's own dropout masks, one draw of its CPU generator an element: what
                    drawing them from 16 random bits an element saves the update (not in the default arms)
     no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
@@ -62,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 import cpu_training  # noqa: E402
 import demo  # noqa: E402
+import shared_prompts  # noqa: E402
 import train  # noqa: E402
 from bench.train_step import timed  # noqa: E402
 from problems import BUNDLED_PROBLEMS  # noqa: E402
@@ -73,10 +78,16 @@ SHAPE = [
     *("--batch-size", str(PROMPTS), "--num-generations", str(GENERATIONS), "--grad-accum-steps", "1"),
     *("--learning-rate", "5e-5"),
 ]
-ARMS = ("before", "after", "unshared", "torch-dropout", "no-dropout")
+ARMS = ("before", "after", "unshared", "split-groups", "torch-dropout", "no-dropout")
 DEFAULT_ARMS = "before,after"
 # The arms compared, each as (slower, faster): the change an arm leaves out, or what dropout costs.
-PAIRS = (("before", "after"), ("unshared", "after"), ("torch-dropout", "after"), ("after", "no-dropout"))
+PAIRS = (
+    ("before", "after"),
+    ("unshared", "after"),
+    ("split-groups", "after"),
+    ("torch-dropout", "after"),
+    ("after", "no-dropout"),
+)
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
 QWEN_0_5B_WIDTH, QWEN_0_5B_INTERMEDIATE, QWEN_0_5B_VOCAB = 896, 4864, 151936
 
@@ -134,22 +145,40 @@ def limits(step: dict, sizes: dict[str, int], rate: float, read_rate: float, wei
     return {"sampling": decoding_steps * per_decoding_step + prefill, "update": update_flops / rate}
 
 
+UPDATE_PASSES = cpu_training.update_passes
+
+
+def trl_passes(cfg, processes: int, peak_bytes, memory_bytes: int):
+    """cpu_training.update_passes as for two processes: TRL's passes of GRPO_BATCH_SIZE completions."""
+    return UPDATE_PASSES(cfg, max(processes, 2), peak_bytes, memory_bytes)
+
+
+def one_forward(lengths: list[int], overhead: int = 0) -> list[list[int]]:
+    """shared_prompts.length_buckets as before it: a pass's rows in one forward, up to the longest."""
+    return [list(range(len(lengths)))] if lengths else []
+
+
 @contextlib.contextmanager
 def arm(name: str):
-    """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared` and
-    `torch-dropout`: its shared prompts in the update, or its dropout masks, alone."""
-    alone = {"unshared": "shared_prompt_passes", "torch-dropout": "dropout_masks_from_bits"}
-    if name in alone:
-        with mock.patch.object(cpu_training, alone[name], contextlib.nullcontext):
-            yield
-        return
-    if name != "before":
-        yield
-        return
-    with (
-        mock.patch.object(cpu_training, "model_bf16_autocast", lambda model_id: torch.cuda.is_available()),
-        mock.patch.object(cpu_training, "fast_kernels", lambda *args: contextlib.nullcontext()),
-    ):
+    """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`,
+    `split-groups` and `torch-dropout`: its shared prompts in the update, its passes of a whole group with
+    forwards of like lengths, or its dropout masks, alone."""
+    with contextlib.ExitStack() as stack:
+
+        def patch(owner, attribute: str, value) -> None:
+            stack.enter_context(mock.patch.object(owner, attribute, value))
+
+        if name in ("before", "unshared", "split-groups"):
+            patch(cpu_training, "update_passes", trl_passes)
+        if name == "before":
+            patch(cpu_training, "model_bf16_autocast", lambda model_id: torch.cuda.is_available())
+            patch(cpu_training, "fast_kernels", lambda *args: contextlib.nullcontext())
+        if name == "unshared":
+            patch(cpu_training, "shared_prompt_passes", contextlib.nullcontext)
+        if name == "split-groups":
+            patch(shared_prompts, "length_buckets", one_forward)
+        if name == "torch-dropout":
+            patch(cpu_training, "dropout_masks_from_bits", contextlib.nullcontext)
         yield
 
 

@@ -21,7 +21,7 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
     assert len(rates) == len(ARMS), out[-2000:]
     assert all(float(gflops) > 0 and float(gbs) > 0 for gflops, gbs in rates)
     step = re.compile(
-        r"^(before|after|unshared|torch-dropout|no-dropout) step (\d): (\S+) s a completion; "
+        r"^(before|after|unshared|split-groups|torch-dropout|no-dropout) step (\d): (\S+) s a completion; "
         r"sampling (\S+) s \((\d+) tokens/s; limit (\S+) s, (\S+)x\); reward (\S+) s \((\d+) tokens/s\); "
         r"update (\S+) s \((\d+) tokens/s; limit (\S+) s, (\S+)x\)",
         re.MULTILINE,
@@ -52,6 +52,7 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
     assert [row.split("|")[1].strip() for row in table[2:]] == list(ARMS)
     assert re.search(r"before / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"unshared / after: per completion \S+x, sampling \S+x, update \S+x", out)
+    assert re.search(r"split-groups / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"torch-dropout / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"after / no-dropout: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"^no-dropout: load average .*; train\.py --lora-dropout 0$", out, re.MULTILINE)

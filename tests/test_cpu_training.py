@@ -13,9 +13,11 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 import cpu_training
+import train
 from bench.train_step import prompt_batch
 from conftest import SEVEN
 from problems import BUNDLED_PROBLEMS, load_problems
+from settings import TrainConfig
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -69,6 +71,33 @@ def test_inverse_cdf_draws_follow_the_weights_and_never_a_zero() -> None:
     assert torch.equal(counts[expected == 0], torch.zeros(3, dtype=torch.double))
     spread = (expected * (1 - expected / rows)).sqrt()  # the binomial's standard deviation
     assert ((counts - expected).abs() <= 5 * spread).all(), (counts, expected)
+
+
+def test_inverse_cdf_draws_cross_blocks_and_a_short_last_block() -> None:
+    """Weight in the first block, none in the second but at its ends' neighbours, and some in the last,
+    shorter block (300 entries: blocks of 128, 128 and 44)."""
+    assert cpu_training.DRAW_BLOCK == 128
+    weights = torch.zeros(300)
+    weights[[0, 127, 256, 299]] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    rows = 100_000
+    drawn = cpu_training.inverse_cdf_draw(weights.expand(rows, -1), torch.Generator().manual_seed(1))
+    counts = torch.bincount(drawn.squeeze(1), minlength=len(weights)).double()
+    expected = weights.double() / weights.sum() * rows
+    assert counts[expected == 0].sum() == 0
+    spread = (expected * (1 - expected / rows)).sqrt()
+    assert ((counts - expected).abs() <= 5 * spread).all(), counts[expected > 0]
+
+
+def test_a_draw_picks_what_a_cumulative_sum_of_the_whole_row_picks() -> None:
+    """The same uniform draws give the same tokens as the one-level sum before the blocks (the random stream
+    of a seed is kept), for rows of 1,000 random weights, some of them 0."""
+    probs = torch.rand(20_000, 1000, generator=torch.Generator().manual_seed(2))
+    probs = probs.masked_fill(probs < 0.3, 0).softmax(-1).masked_fill(probs < 0.3, 0)
+    drawn = cpu_training.inverse_cdf_draw(probs, torch.Generator().manual_seed(3))
+    cumulative = probs.cumsum(-1, dtype=torch.float64)
+    total = cumulative[:, -1:]
+    draw = torch.rand(total.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * total
+    assert torch.equal(drawn, torch.searchsorted(cumulative, draw, right=True))
 
 
 def test_multinomial_is_replaced_only_where_it_is_one_draw_per_row_on_the_cpu() -> None:
@@ -153,3 +182,58 @@ def test_a_training_forward_of_the_lora_draws_its_dropout_from_bits(tiny_model: 
             with torch.autocast("cpu", dtype=torch.bfloat16):  # as the trainer's update (fast_kernels)
                 model(input_ids=ids).logits.float().sum().backward()
             assert bits.call_count == 7 * base.config.num_hidden_layers
+
+
+def shape(batch: int, generations: int, checkpointing: str = "auto") -> TrainConfig:
+    """The settings of a round of `batch` prompts x `generations` completions of 704 + 256 positions."""
+    return TrainConfig(
+        per_device_train_batch_size=batch,
+        num_generations=generations,
+        max_prompt_length=704,
+        max_completion_length=256,
+        gradient_checkpointing=checkpointing,
+    )
+
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("cfg", "processes", "memory", "expected"),
+    [
+        # A pass of 2 would hold part of a group of 8: a group a pass, 704 + 8 x 256 positions, fits.
+        (shape(2, 8), 1, 24 * GIB, (False, True, 2752)),
+        # Passes of 4 hold whole groups of 2 already: TRL's passes.
+        (shape(4, 2), 1, 24 * GIB, (False, False, 3840)),
+        # DDP's wrapper expects one forward a backward: TRL's passes.
+        (shape(2, 8), 2, 24 * GIB, (False, False, 1920)),
+        # Checkpointing drops the cache a shared prompt needs: TRL's passes.
+        (shape(2, 8, "on"), 1, 24 * GIB, (True, False, 1920)),
+        # The group's pass does not fit without checkpointing, TRL's does: TRL's, without.
+        (shape(2, 8), 1, 2500 * GIB // 1000, (False, False, 1920)),
+        # Neither fits: TRL's passes, with checkpointing.
+        (shape(2, 8), 1, 1000 * GIB // 1000, (True, False, 1920)),
+    ],
+)
+def test_a_pass_holds_a_whole_group_where_it_would_split_one_and_fits(
+    cfg, processes, memory, expected
+) -> None:
+    def peak(tokens: int) -> int:  # an estimate of a GiB a thousand positions
+        return tokens * GIB // 1000
+
+    checkpointing, why, whole_groups = cpu_training.update_passes(cfg, processes, peak, memory)
+    assert (checkpointing, whole_groups, cpu_training.update_pass_tokens(cfg, whole_groups)) == expected
+    assert why == "as set" if cfg.gradient_checkpointing == "on" else why.startswith("auto: estimated peak")
+
+
+def test_a_group_per_pass_keeps_the_round_and_its_optimizer_step() -> None:
+    args = train.grpo_args(shape(2, 8), use_bf16=False)
+    rows = args.generation_batch_size
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, rows) == (2, 8, 16)
+    cpu_training.group_per_pass(args, 8)
+    assert (
+        args.per_device_train_batch_size,
+        args.gradient_accumulation_steps,
+        args.steps_per_generation,
+    ) == (8, 2, 2)
+    assert args.generation_batch_size == rows

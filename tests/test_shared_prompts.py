@@ -41,19 +41,22 @@ def policy(tiny_model: Path, effect: float = 0.05):
     return model.train()
 
 
-def round_rows(tiny_model: Path, groups: int, group_size: int, pad: int = 2):
+def round_rows(
+    tiny_model: Path, groups: int, group_size: int, pad: int = 2, lengths: list[int] | None = None
+):
     """A pass as TRL joins it: `groups` prompts (of two lengths) repeated `group_size` times, left-padded by
-    `pad` more columns than the longest needs, then completions of different lengths right-padded by `pad`
-    more columns than the longest; and the completion width."""
+    `pad` more columns than the longest needs, then completions of different lengths (`lengths`, or 1 to 10
+    tokens) right-padded by `pad` more columns than the longest; and the completion width."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     problems = load_problems(str(BUNDLED_PROBLEMS))
     chosen = [problems[0], problems[5], problems[9]][:groups]
     ids, mask = prompt_batch(tokenizer, [p for p in chosen for _ in range(group_size)])
     ids = torch.cat([torch.full((len(ids), pad), tokenizer.pad_token_id), ids], dim=1)
     mask = torch.cat([torch.zeros(len(mask), pad, dtype=mask.dtype), mask], dim=1)
-    rows, width = len(ids), 10 + pad
+    rows = len(ids)
+    lengths = torch.tensor(lengths) if lengths else torch.arange(rows) % 10 + 1
+    width = int(lengths.max()) + pad  # every row ends before the padding columns
     completion = torch.randint(5, 2000, (rows, width), generator=torch.Generator().manual_seed(1))
-    lengths = torch.arange(rows) % 10 + 1  # 1 to 10 tokens: every row ends before the padding columns
     completion_mask = (torch.arange(width) < lengths[:, None]).long()
     completion = completion.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
     return torch.cat([ids, completion], dim=1), torch.cat([mask, completion_mask], dim=1), width
@@ -118,6 +121,30 @@ def test_a_pass_of_two_groups_scores_as_trl_does_with_each_prompt_run_once(tiny_
     assert moved.item() > 100 * TOLERANCE
 
 
+def test_a_group_of_unlike_completion_lengths_runs_them_in_forwards_of_like_lengths(tiny_model: Path) -> None:
+    model = policy(tiny_model)
+    ids, mask, width = round_rows(tiny_model, groups=1, group_size=4, lengths=[3, 40, 2, 2])
+    prompt = ids.shape[1] - width - 2
+    # The prompt once; then the three short rows up to 3 tokens, and the long one alone (one forward of all
+    # four would run 4 x 40 positions, two run 3 x 3 + 40, at BUCKET_OVERHEAD positions a forward more).
+    assert shared_prompts.length_buckets([3, 40, 2, 2]) == [[2, 3, 0], [1]]
+    assert_same_scores_and_gradients(model, ids, mask, width, [(1, prompt - 1), (3, 1 + 3), (1, 1 + 40)])
+
+
+@pytest.mark.parametrize(
+    ("lengths", "overhead", "buckets"),
+    [
+        ([5, 5, 5], 32, [[0, 1, 2]]),
+        ([10, 200, 10, 200], 32, [[0, 2], [1, 3]]),
+        ([1, 2, 3, 4], 0, [[0], [1], [2], [3]]),  # no cost to a forward: every length its own
+        ([1, 50, 100], 10_000, [[0, 1, 2]]),  # a forward dearer than any padding: one
+        ([], 32, []),
+    ],
+)
+def test_length_buckets_run_the_fewest_positions(lengths, overhead, buckets) -> None:
+    assert shared_prompts.length_buckets(lengths, overhead) == buckets
+
+
 def test_rows_of_their_own_prompts_are_scored_whole_without_the_unattended_columns(tiny_model: Path) -> None:
     model = policy(tiny_model)
     ids, mask, width = round_rows(tiny_model, groups=3, group_size=1)
@@ -129,19 +156,19 @@ def test_rows_of_their_own_prompts_are_scored_whole_without_the_unattended_colum
 def test_a_cpu_training_run_scores_each_pass_of_one_group_with_its_prompt_once(
     tiny_model: Path, tmp_path: Path, checkpointing: str
 ) -> None:
-    """2 prompts x 4 completions a step in passes of 2: on the CPU each pass holds rows of one group (TRL's
-    shuffle would give all 4 passes of both steps one group each 0.7% of the time), scored through
-    completion_scores with one prompt; with gradient checkpointing, whose layers drop a cache, TRL scores
-    every pass itself. TRL's methods are TRL's again after."""
+    """2 prompts x 4 completions a step at GRPO_BATCH_SIZE 2: on the CPU each pass holds one whole group, 4
+    rows (TRL's passes of 2 rows, shuffled, would hold rows of both groups), scored through completion_scores
+    with its prompt run once; with gradient checkpointing, whose layers drop a cache, TRL scores every pass
+    of 2 rows itself. TRL's methods are TRL's again after."""
     if not cpu_training.on_cpu():
         pytest.skip("the update shares prompts on the CPU; a GPU box keeps TRL's path")
     passes: list[int] = []
 
     def distinct_prompts(policy, ids, mask):
-        passes.append(len(torch.unique(torch.cat([ids, mask], dim=1), dim=0)))
-        return shared_prompt_cache(policy, ids, mask)
+        passes.append((len(ids), len(torch.unique(torch.cat([ids, mask], dim=1), dim=0))))
+        return distinct_prompt_cache(policy, ids, mask)
 
-    shared_prompt_cache = shared_prompts.shared_prompt_cache
+    distinct_prompt_cache = shared_prompts.distinct_prompt_cache
     scoring, shuffle = GRPOTrainer._get_per_token_logps_and_entropies, grpo_trainer.shuffle_sequence_dict
     flags = [
         *("--model-id", str(tiny_model), "--training-dataset", str(BUNDLED_PROBLEMS)),
@@ -150,9 +177,16 @@ def test_a_cpu_training_run_scores_each_pass_of_one_group_with_its_prompt_once(
         *("--lora-r", "4", "--lora-alpha", "8", "--eval-steps", "none", "--report-to", "none"),
         *("--gradient-checkpointing", checkpointing),
     ]
-    with mock.patch.object(shared_prompts, "shared_prompt_cache", distinct_prompts):
+    with mock.patch.object(shared_prompts, "distinct_prompt_cache", distinct_prompts):
         assert train.main(flags, environ={}) == 0
-    assert passes == ([1] * 8 if checkpointing == "off" else [])  # 2 steps x 4 passes, each of one group
+    assert passes == (
+        [(4, 1)] * 4 if checkpointing == "off" else []
+    )  # 2 steps x 2 passes of 4 rows, 1 prompt
+    log = (tmp_path / "out" / "learning.log").read_text()
+    passes_note = (
+        "passes of 4 completions (a group each" if checkpointing == "off" else "passes of 2 completions\n"
+    )
+    assert passes_note in log
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
     assert GRPOTrainer._get_per_token_logps_and_entropies is scoring
