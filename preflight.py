@@ -235,13 +235,15 @@ def check_model(cfg: TrainConfig, sources: Mapping[str, str]) -> str:
     # passes are TRL's (update_passes).
     copies = generation.WEIGHT_COPIES * weights
     with_checkpointing = copies + (peak(cpu_training.update_pass_tokens(cfg, False)) - copies) // layers
+    rows = cfg.num_generations if whole_groups else cfg.per_device_train_batch_size
     where = "GPU" if device.type == "cuda" else "RAM"
     count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.1f}M"
     return (
         f"{cfg.model_id}: {count} parameters, {gib(weights)} GiB of weights; estimated peak "
         f"{gib(weights + cache)} GiB sampling, update {gib(without)} GiB without gradient "
         f"checkpointing and {gib(with_checkpointing)} GiB with it, of {memory / GiB:.0f} GiB {where}; "
-        f"checkpointing {'on' if checkpointing else 'off'} ({why}); sampling {cfg.generation} "
+        f"checkpointing {'on' if checkpointing else 'off'} ({why}); update passes of {rows} completions"
+        f"{' (a group each)' if whole_groups else ''}; sampling {cfg.generation} "
         f"({sources['generation_reason']})"
     )
 

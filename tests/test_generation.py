@@ -323,8 +323,8 @@ def test_a_run_with_held_out_evaluation_compiles_once(
     assert train.main(flags, environ={}) == 0
     log = (tmp_path / "run" / "learning.log").read_text(encoding="utf-8").splitlines()
     assert (
-        f"# sampling: compiled; gradient checkpointing: {checkpointing} (as set); update: passes of 2 completions"
-        in log
+        f"# sampling: compiled; gradient checkpointing: {checkpointing} (as set); "
+        "update: passes of 2 completions" in log
     )
     assert any(
         line.startswith("# dataset: 3 problems from the held-out set; 1 dropped as longer") for line in log

@@ -4,10 +4,13 @@ change. tests/test_gpu.py runs it as a user does on a GPU box."""
 
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
+import cpu_training
+import generation
 import preflight
 import settings
 import train
@@ -105,14 +108,38 @@ def test_the_model_line_estimates_the_seed_model_from_its_config_alone(tmp_path:
 
     Qwen2Config(**QWEN_CODER_1_5B, dtype="bfloat16").save_pretrained(tmp_path)  # the config, no weights
     cfg = TrainConfig(model_id=str(tmp_path), generation="plain")
-    line = preflight.check_model(cfg, {"generation": "flag", "generation_reason": "as set"})
+    with mock.patch.object(cpu_training, "on_cpu", lambda: False):  # as on the seed's GPU box
+        line = preflight.check_model(cfg, {"generation": "flag", "generation_reason": "as set"})
     # 1.54B parameters in bf16; one round's static cache at the seed's shapes: 24 x (704 + 512) positions.
     assert line.startswith(
         f"{tmp_path}: 1.54B parameters, 2.9 GiB of weights; estimated peak 3.7 GiB sampling"
     )
     # At the budgets (704 + 512 tokens); the H100 measured 24.7 and 8.5 GiB at the bench's 450 + 512.
     assert "update 29.9 GiB without gradient checkpointing and 9.4 GiB with it" in line
-    assert line.endswith("sampling plain (as set)")
+    assert line.endswith("update passes of 4 completions; sampling plain (as set)")
+
+
+def test_the_model_line_estimates_a_pass_of_a_whole_group_on_the_cpu(tmp_path: Path) -> None:
+    """2 prompts x 8 completions on a CPU with 64 GiB: a pass of a group, its prompt once, 704 + 8 x 256
+    positions, where TRL's passes of 2 hold 2 x (704 + 256)."""
+    from transformers import Qwen2Config
+
+    from bench.train_step import QWEN_CODER_1_5B
+    from settings import TrainConfig
+
+    if not cpu_training.on_cpu():
+        pytest.skip("a pass of a whole group is the CPU's; a GPU box keeps TRL's passes")
+    Qwen2Config(**QWEN_CODER_1_5B, dtype="bfloat16").save_pretrained(tmp_path)
+    shape = {"per_device_train_batch_size": 2, "num_generations": 8, "max_completion_length": 256}
+    cfg = TrainConfig(model_id=str(tmp_path), generation="plain", **shape)
+    with mock.patch.object(generation, "device_memory", lambda device: 64 * 2**30):
+        line = preflight.check_model(cfg, {"generation": "flag", "generation_reason": "as set"})
+    trl_passes = generation.model_update_peak_bytes(str(tmp_path), 2 * (704 + 256))
+    group_pass = generation.model_update_peak_bytes(str(tmp_path), 704 + 8 * 256)
+    assert f"update {preflight.gib(group_pass)} GiB without gradient checkpointing" in line
+    assert group_pass > trl_passes
+    assert "checkpointing off (auto: estimated peak without it" in line
+    assert line.endswith("update passes of 8 completions (a group each); sampling plain (as set)")
 
 
 def test_an_unreadable_model_config_fails_once_and_skips_the_sampler(tmp_path: Path, capsys) -> None:
