@@ -32,9 +32,9 @@ transformers' own CPU path:
 - One random draw per sampled token (`inverse_cdf_draws`). `torch.multinomial` draws one token by drawing an
   exponential for every entry of the vocabulary and taking the largest probability-to-draw ratio: 151,936
   draws a row from torch's CPU generator, one element at a time, at every decoding step. Inverting each
-  row's cumulative probabilities (summed in float64) at one uniform draw samples the same distribution. The
-  sum runs in blocks of 128 entries, then within the block the draw falls in, so that no float64 copy of a
-  whole row is made at every decoding step.
+  row's cumulative probabilities at one uniform draw samples the same distribution. The sum runs in blocks
+  of 128 entries (each summed in float32, the running sums in float64), then within the block the draw falls
+  in, so that no float64 copy of a whole row is made at every decoding step.
 - A group's prompt run once in the update (`shared_prompt_passes`, shared_prompts.py says how): TRL's
   forward and backward ran each row's prompt, 16 runs of the round's 2 prompts; each pass now runs its
   distinct prompts once and only the columns some row attends to. TRL shuffles a round's rows before
@@ -43,6 +43,12 @@ transformers' own CPU path:
   would each hold part of a group (2 of a group of 8), each of them ran the group's prompt again; a pass
   now holds the group, its prompt run once, its rows in forwards of like completion lengths
   (shared_prompts.length_buckets) so that one long completion does not pad the others.
+- The LM head's tiles folded in place and its gradient summed by bf16 arithmetic in float32 (`lean_lm_head`).
+  TRL's chunked log-probabilities fold each tile of 32,768 logits with torch operations on devices without
+  Triton, several float32 temporaries of the tile each, and sum the head's gradient in a float32 GEMM of
+  float32 copies of the tile and of the head's slice, at a quarter of the bf16 rate. The same folds run in
+  one float32 copy of the tile, bit for bit TRL's; the gradient's exact products of bf16 values are summed
+  in float32 by oneDNN's bf16 mode for float32 matmuls, from float32 copies of the head kept between steps.
 - Dropout's masks from 16 random bits an element (`dropout_masks_from_bits`). torch's CPU dropout draws one
   number from its generator for every element it may drop, serially: the LoRA's dropout (the seed's 0.05)
   cost the update about 1.5x at two threads. Four elements now share one 64-bit draw; p is rounded to a
@@ -159,6 +165,117 @@ def completion_scoring() -> Iterator[None]:
         yield
 
 
+def lm_head_tile_statistics(original: Callable) -> Callable:
+    """TRL's `_forward_tile` (one tile of logits folded into each token's running maximum, sum of
+    exponentials, entropy sum and target logit, on devices without Triton) with two float32 temporaries of
+    the tile's size where TRL's makes five: the same operations in the same order, so the same bits. Calls
+    asking for more than the log-probabilities and the entropy, or with a softcap, go to `original`."""
+
+    def tile_statistics(
+        tile, tile_stride, targets, running_max, sum_exp, x_sum_exp, sq_sum_exp, z_sum, max_before_target,
+        target_logit, vocab_start, n_cols, **flags,
+    ):  # fmt: skip
+        if any(flags[f] for f in ("HAS_SOFTCAP", "HAS_LOG_SUM_SQ_PROBS", "HAS_MEAN_LOGITS", "HAS_IS_TOP1")):
+            return original(
+                tile, tile_stride, targets, running_max, sum_exp, x_sum_exp, sq_sum_exp, z_sum,
+                max_before_target, target_logit, vocab_start, n_cols, **flags,
+            )  # fmt: skip
+        import torch
+
+        z = tile.float()
+        if flags["logit_scale"] != 1:  # a product by 1 is the value itself
+            z.mul_(flags["logit_scale"])
+        z.mul_(flags["inv_t"])
+        new_max = torch.maximum(running_max, z.amax(-1))
+        rescale = torch.exp(running_max - new_max)
+        e = torch.sub(z, new_max.unsqueeze(-1)).exp_()
+        sum_exp.mul_(rescale).add_(e.sum(-1))
+        if flags["HAS_ENTROPY"]:
+            x_sum_exp.mul_(rescale).add_(e.mul_(z).sum(-1))
+        running_max.copy_(new_max)
+        local = targets - vocab_start
+        in_tile = (local >= 0) & (local < n_cols)
+        target_z = z.gather(-1, local.clamp(0, n_cols - 1).unsqueeze(-1)).squeeze(-1)
+        target_logit.copy_(torch.where(in_tile, target_z, target_logit))
+        return None
+
+    return tile_statistics
+
+
+def lm_head_tile_gradient(original: Callable) -> Callable:
+    """TRL's `_backward_tile` (the LM head's gradient for one tile of logits, on devices without Triton) in
+    place in one float32 copy of the tile: the same operations in the same order, so the same bits, in 6
+    passes over the tile where TRL's makes about 14 and 9 temporaries of its size. Calls it does not take
+    (a softcap, an entropy gradient, no log-probability gradient) go to `original`."""
+
+    def tile_gradient(
+        tile, tile_stride, targets, log_z, entropy, grad_logprobs, grad_entropy, vocab_start, n_cols, **flags
+    ):
+        if flags["HAS_SOFTCAP"] or flags["HAS_ENTROPY_GRAD"] or not flags["HAS_LOGPROB_GRAD"]:
+            return original(
+                tile, tile_stride, targets, log_z, entropy, grad_logprobs, grad_entropy, vocab_start, n_cols,
+                **flags,
+            )  # fmt: skip
+        logit_scale, inv_t = flags["logit_scale"], flags["inv_t"]
+        p = tile.float()
+        if logit_scale != 1:  # a product by 1 is the value itself
+            p.mul_(logit_scale)
+        p.mul_(inv_t).sub_(log_z.unsqueeze(-1)).exp_()
+        local = targets - vocab_start
+        rows = ((local >= 0) & (local < n_cols)).nonzero().squeeze(1)
+        columns = local[rows]
+        at_target = p[rows, columns]
+        grad = grad_logprobs.unsqueeze(-1)
+        p.mul_(grad.neg())  # TRL's grad * (0 - p) off the target
+        p[rows, columns] = grad[rows, 0] * (1 - at_target)
+        p.mul_(inv_t)
+        if logit_scale != 1:
+            p.mul_(logit_scale)
+        tile.copy_(p)
+        return None
+
+    return tile_gradient
+
+
+def lm_head_gradient_product(original: Callable) -> Callable:
+    """TRL's `_addmm_fp32` (`acc += a @ b` summed in float32, for bf16 `a` and `b`) on the CPU: products of
+    the bf16 values summed in float32 by oneDNN's bf16 arithmetic for float32 matmuls, where TRL casts both
+    to float32 for a float32 GEMM (several times slower on a CPU with bf16 kernels); the float32 copy of `b`
+    (a slice of the LM head, the same slices at every step) is kept from call to call while its weight is
+    unchanged. The sums differ from the float32 GEMM's only in their order. Other calls go to `original`."""
+    import torch
+
+    copies: dict[tuple, tuple[int, torch.Tensor]] = {}  # a slice's place -> its weight's version, its copy
+    matmul = torch.backends.mkldnn.matmul
+
+    def product(acc, a, b) -> None:
+        if acc.device.type != "cpu" or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
+            return original(acc, a, b)
+        place = (b.data_ptr(), tuple(b.shape), b.stride())
+        if place not in copies or copies[place][0] != b._version:
+            copies[place] = (b._version, b.float())
+        with replaced(matmul, "fp32_precision", "bf16"):
+            acc.addmm_(a.float(), copies[place][1])
+        return None
+
+    return product
+
+
+@contextmanager
+def lean_lm_head() -> Iterator[None]:
+    """TRL's chunked LM head (log-probabilities without the whole logits) folds its tiles and sums its
+    gradient on the CPU with lm_head_tile_statistics, lm_head_tile_gradient and lm_head_gradient_product;
+    on a GPU its Triton kernels are untouched."""
+    from trl.kernels import chunked_logprob as head
+
+    with (
+        replaced(head, "_forward_tile", lm_head_tile_statistics(head._forward_tile)),
+        replaced(head, "_backward_tile", lm_head_tile_gradient(head._backward_tile)),
+        replaced(head, "_addmm_fp32", lm_head_gradient_product(head._addmm_fp32)),
+    ):
+        yield
+
+
 @contextmanager
 def contiguous_head_input(model) -> Iterator[None]:
     """While open, the model's LM head gets its input as a contiguous tensor (the module docstring says why):
@@ -187,19 +304,22 @@ def first_above(cumulative, values):
 def inverse_cdf_draw(probs, generator=None):
     """One index per row of `probs` (rows of non-negative weights, as `generate` passes to
     `torch.multinomial(probs, 1)`), drawn with probability proportional to its weight: the first entry whose
-    cumulative weight (summed in float64) exceeds a uniform draw times the row's total, never an entry of
-    weight 0. The sum runs in two levels, blocks of DRAW_BLOCK entries and then within the block the draw
-    falls in: one pass over the row, where a cumulative sum of the whole row (151,936 entries for Qwen2.5,
-    cast to float64) took about 20 ms of a decoding step of 16 rows under torch.profiler. None where a row's
+    cumulative weight exceeds a uniform draw times the row's total, never an entry of weight 0. The sum runs
+    in two levels, blocks of DRAW_BLOCK entries and then within the block the draw falls in: one pass over the
+    row, where a cumulative sum of the whole row (151,936 entries for Qwen2.5, cast to float64) took about 20
+    ms of a decoding step of 16 rows under torch.profiler. A block's sum is taken in float32 (no float64 copy
+    of the row, which cost about 6 ms of such a step); the sums over blocks and within a block run in
+    float64. None where a row's
     total is not a positive finite number: torch.multinomial's own error says what is wrong with it."""
     import torch
 
     rows, width = probs.shape
     whole = width - width % DRAW_BLOCK
-    sums = probs[:, :whole].view(rows, -1, DRAW_BLOCK).sum(-1, dtype=torch.float64)
+    block_dtype = torch.promote_types(probs.dtype, torch.float32)  # generate's rows: float32, summed in place
+    sums = probs[:, :whole].view(rows, -1, DRAW_BLOCK).sum(-1, dtype=block_dtype)
     if whole < width:
-        sums = torch.cat([sums, probs[:, whole:].sum(-1, keepdim=True, dtype=torch.float64)], dim=1)
-    cumulative = sums.cumsum(-1)
+        sums = torch.cat([sums, probs[:, whole:].sum(-1, keepdim=True, dtype=block_dtype)], dim=1)
+    cumulative = sums.cumsum(-1, dtype=torch.float64)
     total = cumulative[:, -1:]
     if not bool(((total > 0) & total.isfinite()).all()):
         return None
@@ -390,6 +510,7 @@ def fast_kernels(model, autocast: bool) -> Iterator[None]:
     with (
         plain_gqa(),
         completion_scoring(),
+        lean_lm_head(),
         shared_prompt_passes(),
         dropout_masks_from_bits(),
         fast_sampling(model),

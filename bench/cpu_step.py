@@ -29,6 +29,9 @@ seconds, are the result; the load average is printed with each):
                    what a pass of a whole group in forwards of like lengths saves (not in the default arms)
     torch-dropout  after with torch's own dropout masks, one draw of its CPU generator an element: what
                    drawing them from 16 random bits an element saves the update (not in the default arms)
+    trl-head       after with TRL's own folds of the LM head's tiles and its float32 GEMM for the head's
+                   gradient (the chunked log-probabilities, on devices without Triton): what
+                   cpu_training.lean_lm_head saves the update (not in the default arms)
     no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
                    masks still cost the update (not in the default arms)
 
@@ -78,7 +81,7 @@ SHAPE = [
     *("--batch-size", str(PROMPTS), "--num-generations", str(GENERATIONS), "--grad-accum-steps", "1"),
     *("--learning-rate", "5e-5"),
 ]
-ARMS = ("before", "after", "unshared", "split-groups", "torch-dropout", "no-dropout")
+ARMS = ("before", "after", "unshared", "split-groups", "torch-dropout", "trl-head", "no-dropout")
 DEFAULT_ARMS = "before,after"
 # The arms compared, each as (slower, faster): the change an arm leaves out, or what dropout costs.
 PAIRS = (
@@ -86,6 +89,7 @@ PAIRS = (
     ("unshared", "after"),
     ("split-groups", "after"),
     ("torch-dropout", "after"),
+    ("trl-head", "after"),
     ("after", "no-dropout"),
 )
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
@@ -161,8 +165,8 @@ def one_forward(lengths: list[int], overhead: int = 0) -> list[list[int]]:
 @contextlib.contextmanager
 def arm(name: str):
     """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`,
-    `split-groups` and `torch-dropout`: its shared prompts in the update, its passes of a whole group with
-    forwards of like lengths, or its dropout masks, alone."""
+    `split-groups`, `torch-dropout` and `trl-head`: its shared prompts in the update, its passes of a whole
+    group with forwards of like lengths, its dropout masks, or its LM head's folds, alone."""
     with contextlib.ExitStack() as stack:
 
         def patch(owner, attribute: str, value) -> None:
@@ -179,6 +183,8 @@ def arm(name: str):
             patch(shared_prompts, "length_buckets", one_forward)
         if name == "torch-dropout":
             patch(cpu_training, "dropout_masks_from_bits", contextlib.nullcontext)
+        if name == "trl-head":
+            patch(cpu_training, "lean_lm_head", contextlib.nullcontext)
         yield
 
 

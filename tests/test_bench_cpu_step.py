@@ -1,7 +1,8 @@
 """bench/cpu_step.py --tiny: train.py's real GRPO runs of the tiny model in bf16 on the CPU, before and after
-cpu_training.py's changes, without the update's shared prompts, with torch's dropout masks and without LoRA
-dropout, in one process: a line per optimizer step with sampling, reward and update seconds, tokens/s and
-the limits, then the table of means and the ratios."""
+cpu_training.py's changes, with each change left out alone (the update's shared prompts, its passes of a
+group, the dropout masks, the LM head's folds) and without LoRA dropout, in one process:
+a line per optimizer step with sampling, reward and update seconds, tokens/s and the limits, then the table
+of means and the ratios."""
 
 import os
 import re
@@ -21,7 +22,7 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
     assert len(rates) == len(ARMS), out[-2000:]
     assert all(float(gflops) > 0 and float(gbs) > 0 for gflops, gbs in rates)
     step = re.compile(
-        r"^(before|after|unshared|split-groups|torch-dropout|no-dropout) step (\d): (\S+) s a completion; "
+        rf"^({'|'.join(ARMS)}) step (\d): (\S+) s a completion; "
         r"sampling (\S+) s \((\d+) tokens/s; limit (\S+) s, (\S+)x\); reward (\S+) s \((\d+) tokens/s\); "
         r"update (\S+) s \((\d+) tokens/s; limit (\S+) s, (\S+)x\)",
         re.MULTILINE,
@@ -54,6 +55,7 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
     assert re.search(r"unshared / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"split-groups / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"torch-dropout / after: per completion \S+x, sampling \S+x, update \S+x", out)
+    assert re.search(r"trl-head / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"after / no-dropout: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"^no-dropout: load average .*; train\.py --lora-dropout 0$", out, re.MULTILINE)
 

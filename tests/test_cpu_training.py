@@ -4,6 +4,7 @@ head's weight to one copy per row; under contiguous_head_input the head reads a 
 logits are the same), one draw per sampled token, and dropout's masks from 16 random bits an element."""
 
 import contextlib
+import math
 from pathlib import Path
 from unittest import mock
 
@@ -127,6 +128,129 @@ def test_generate_samples_through_one_draw_per_token(tiny_model: Path) -> None:
         sampled = model.generate(input_ids=ids, attention_mask=mask, **length, do_sample=True, top_k=1)
     assert torch.equal(sampled, greedy)
     assert draws.call_count == 5
+
+
+def head_tile_arguments(logit_scale: float) -> tuple[torch.Tensor, tuple, dict]:
+    """A bf16 tile of 37 tokens' logits over vocabulary columns 300 to 599 and the rest of a call of TRL's
+    `_backward_tile`: targets inside the tile and outside it, the forward's log-normaliser, a gradient."""
+    generator = torch.Generator().manual_seed(4)
+    tile = (torch.randn(37, 300, generator=generator) * 3).bfloat16()
+    targets = torch.randint(0, 900, (37,), generator=generator)
+    targets[:3] = torch.tensor([300, 599, 450])
+    log_z = torch.logsumexp(tile.float() * logit_scale / 0.9, -1) + torch.rand(37, generator=generator)
+    grad = torch.randn(37, generator=generator)
+    rest = (targets, log_z, log_z, grad, None, 300, 300)
+    flags = {
+        "logit_scale": logit_scale, "softcap": 1.0, "inv_t": 1 / 0.9, "HAS_SOFTCAP": False,
+        "HAS_LOGPROB_GRAD": True, "HAS_ENTROPY_GRAD": False, "BLOCK_SIZE": 1024,
+    }  # fmt: skip
+    return tile, rest, flags
+
+
+@pytest.mark.parametrize("logit_scale", [1.0, 0.5])
+def test_the_lm_heads_tile_gradient_is_trls_bit_for_bit(logit_scale: float) -> None:
+    from trl.kernels import chunked_logprob
+
+    tile, rest, flags = head_tile_arguments(logit_scale)
+    trls, ours = tile.clone(), tile.clone()
+    chunked_logprob._backward_tile(trls, trls.stride(0), *rest, **flags)
+    cpu_training.lm_head_tile_gradient(chunked_logprob._backward_tile)(ours, ours.stride(0), *rest, **flags)
+    assert not torch.equal(trls, tile)
+    assert torch.equal(ours, trls)
+
+
+@pytest.mark.parametrize(("logit_scale", "entropy"), [(1.0, True), (0.5, True), (1.0, False)])
+def test_the_lm_heads_tile_statistics_are_trls_bit_for_bit(logit_scale: float, entropy: bool) -> None:
+    """Folded after a first tile (running statistics already set), with and without the entropy's sum."""
+    from trl.kernels import chunked_logprob
+
+    tile, (targets, *_), flags = head_tile_arguments(logit_scale)
+    flags = {
+        **{k: flags[k] for k in ("logit_scale", "softcap", "inv_t", "HAS_SOFTCAP", "BLOCK_SIZE")},
+        "HAS_ENTROPY": entropy, "HAS_LOG_SUM_SQ_PROBS": False, "HAS_MEAN_LOGITS": False, "HAS_IS_TOP1": False,
+    }  # fmt: skip
+
+    def folded(fold) -> list[torch.Tensor]:
+        stats = [torch.full((37,), -math.inf), *(torch.zeros(37) for _ in range(4))]
+        stats += [torch.full((37,), -math.inf), torch.zeros(37)]
+        for start, part in ((0, tile[:, :150]), (150, tile[:, 150:])):
+            fold(part, part.stride(0), targets - 300, *stats, start, 150, **flags)
+        return stats
+
+    trls = folded(chunked_logprob._forward_tile)
+    ours = folded(cpu_training.lm_head_tile_statistics(chunked_logprob._forward_tile))
+    assert all(torch.equal(a, b) for a, b in zip(ours, trls, strict=True))
+    assert trls[2].abs().sum() > 0 if entropy else trls[2].abs().sum() == 0
+
+
+def test_the_lm_heads_tile_gradient_leaves_an_entropy_gradient_to_trl() -> None:
+    tile, rest, flags = head_tile_arguments(1.0)
+    original = mock.Mock()
+    call = (tile, tile.stride(0), *rest)
+    cpu_training.lm_head_tile_gradient(original)(*call, **{**flags, "HAS_ENTROPY_GRAD": True})
+    original.assert_called_once_with(*call, **{**flags, "HAS_ENTROPY_GRAD": True})
+
+
+def test_the_lm_heads_gradient_product_sums_bf16_products_in_float32() -> None:
+    """acc += a @ b as TRL's float32 GEMM sums it (within float32 rounding, far inside the error of a bf16
+    product), and again after b's weight changes in place (its kept float32 copy is not reused)."""
+    from trl.kernels import chunked_logprob
+
+    generator = torch.Generator().manual_seed(5)
+    a = torch.randn(40, 3000, generator=generator).bfloat16()
+    weight = torch.randn(3000, 64, generator=generator).bfloat16()
+    product = cpu_training.lm_head_gradient_product(chunked_logprob._addmm_fp32)
+    for _ in range(2):
+        exact = a.double() @ weight.double()
+        trls, ours = torch.ones(40, 64), torch.ones(40, 64)
+        chunked_logprob._addmm_fp32(trls, a, weight[:])
+        product(ours, a, weight[:])
+        bf16_error = ((a @ weight).double() + 1 - exact).abs().max()
+        assert (ours.double() - 1 - exact).abs().max() < 1e-3 * bf16_error
+        assert (ours - trls).abs().max() < 1e-6 * exact.abs().max()  # float32's rounding, summed otherwise
+        weight.mul_(-2)
+
+
+def test_trls_chunked_lm_head_runs_through_the_lean_folds() -> None:
+    """The gradient of TRL's chunked log-probabilities (bf16, vocabulary chunks of 256, the log-probabilities'
+    gradient only, as GRPO's loss takes it) goes through the replacements and comes out as TRL's own, but
+    for float32 sums in another order rounded to bf16."""
+    from trl.kernels import ChunkedLogProbFunction, chunked_logprob
+
+    generator = torch.Generator().manual_seed(6)
+    hidden = torch.randn(50, 64, generator=generator).bfloat16().requires_grad_()
+    weight = torch.randn(1000, 64, generator=generator).bfloat16()
+    targets = torch.randint(0, 1000, (50,), generator=generator)
+    upstream = torch.randn(50, generator=generator)
+
+    def gradient() -> torch.Tensor:
+        hidden.grad = None
+        logps, *_ = ChunkedLogProbFunction.apply(
+            hidden, weight, None, targets, 0.9, 256, None, 1.0, ("entropy",)
+        )
+        (logps * upstream).sum().backward()
+        return hidden.grad
+
+    trls_functions = (
+        chunked_logprob._forward_tile,
+        chunked_logprob._backward_tile,
+        chunked_logprob._addmm_fp32,
+    )
+    trls = gradient()
+    with cpu_training.lean_lm_head():
+        statistics = chunked_logprob._forward_tile
+        tile, product = chunked_logprob._backward_tile, chunked_logprob._addmm_fp32
+        with (
+            mock.patch.object(chunked_logprob, "_forward_tile", wraps=statistics) as folds,
+            mock.patch.object(chunked_logprob, "_backward_tile", wraps=tile) as tiles,
+            mock.patch.object(chunked_logprob, "_addmm_fp32", wraps=product) as products,
+        ):
+            ours = gradient()
+    assert not {statistics, tile, product} & set(trls_functions)
+    assert folds.call_count == tiles.call_count == products.call_count == 4  # 1000 columns in chunks of 256
+    assert ((ours.float() - trls.float()).abs() <= trls.float().abs() / 128).all()  # a bf16 step at most
+    put_back = (chunked_logprob._forward_tile, chunked_logprob._backward_tile, chunked_logprob._addmm_fp32)
+    assert put_back == trls_functions
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
