@@ -241,8 +241,9 @@ def lm_head_gradient_product(original: Callable) -> Callable:
     """TRL's `_addmm_fp32` (`acc += a @ b` summed in float32, for bf16 `a` and `b`) on the CPU: products of
     the bf16 values summed in float32 by oneDNN's bf16 arithmetic for float32 matmuls, where TRL casts both
     to float32 for a float32 GEMM (several times slower on a CPU with bf16 kernels); the float32 copy of `b`
-    (a slice of the LM head, the same slices at every step) is kept from call to call while its weight is
-    unchanged. The sums differ from the float32 GEMM's only in their order. Other calls go to `original`."""
+    where it is a slice of a kept weight (the LM head's, the same slices at every step) is kept from call to
+    call while that weight is unchanged. The sums differ from the float32 GEMM's only in their order. Other
+    calls go to `original`."""
     import torch
 
     copies: dict[tuple, tuple[int, torch.Tensor]] = {}  # a slice's place -> its weight's version, its copy
@@ -251,11 +252,15 @@ def lm_head_gradient_product(original: Callable) -> Callable:
     def product(acc, a, b) -> None:
         if acc.device.type != "cpu" or a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16:
             return original(acc, a, b)
-        place = (b.data_ptr(), tuple(b.shape), b.stride())
-        if place not in copies or copies[place][0] != b._version:
-            copies[place] = (b._version, b.float())
+        if b._base is None:  # a cast made for this call, not a slice of the kept weight: nothing to keep
+            float_b = b.float()
+        else:
+            place = (b._base.data_ptr(), b.storage_offset(), tuple(b.shape), b.stride())
+            if place not in copies or copies[place][0] != b._version:
+                copies[place] = (b._version, b.float())
+            float_b = copies[place][1]
         with replaced(matmul, "fp32_precision", "bf16"):
-            acc.addmm_(a.float(), copies[place][1])
+            acc.addmm_(a.float(), float_b)
         return None
 
     return product

@@ -193,7 +193,8 @@ def test_the_lm_heads_tile_gradient_leaves_an_entropy_gradient_to_trl() -> None:
 
 def test_the_lm_heads_gradient_product_sums_bf16_products_in_float32() -> None:
     """acc += a @ b as TRL's float32 GEMM sums it (within float32 rounding, far inside the error of a bf16
-    product), and again after b's weight changes in place (its kept float32 copy is not reused)."""
+    product), and again after b's weight changes in place (its kept float32 copy is not reused); a b of its
+    own (no slice of a kept weight) gives the same."""
     from trl.kernels import chunked_logprob
 
     generator = torch.Generator().manual_seed(5)
@@ -205,6 +206,9 @@ def test_the_lm_heads_gradient_product_sums_bf16_products_in_float32() -> None:
         trls, ours = torch.ones(40, 64), torch.ones(40, 64)
         chunked_logprob._addmm_fp32(trls, a, weight[:])
         product(ours, a, weight[:])
+        cast = torch.ones(40, 64)
+        product(cast, a, weight.clone())  # a tensor of its own, as a cast for the call: not kept
+        assert torch.equal(cast, ours)
         bf16_error = ((a @ weight).double() + 1 - exact).abs().max()
         assert (ours.double() - 1 - exact).abs().max() < 1e-3 * bf16_error
         assert (ours - trls).abs().max() < 1e-6 * exact.abs().max()  # float32's rounding, summed otherwise
