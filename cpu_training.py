@@ -170,6 +170,7 @@ def lm_head_tile_statistics(original: Callable) -> Callable:
     exponentials, entropy sum and target logit, on devices without Triton) with two float32 temporaries of
     the tile's size where TRL's makes five: the same operations in the same order, so the same bits. Calls
     asking for more than the log-probabilities and the entropy, or with a softcap, go to `original`."""
+    import torch
 
     def tile_statistics(
         tile, tile_stride, targets, running_max, sum_exp, x_sum_exp, sq_sum_exp, z_sum, max_before_target,
@@ -180,8 +181,6 @@ def lm_head_tile_statistics(original: Callable) -> Callable:
                 tile, tile_stride, targets, running_max, sum_exp, x_sum_exp, sq_sum_exp, z_sum,
                 max_before_target, target_logit, vocab_start, n_cols, **flags,
             )  # fmt: skip
-        import torch
-
         z = tile.float()
         if flags["logit_scale"] != 1:  # a product by 1 is the value itself
             z.mul_(flags["logit_scale"])
