@@ -35,6 +35,13 @@ transformers' own CPU path:
   row's cumulative probabilities at one uniform draw samples the same distribution. The sum runs in blocks
   of 128 entries (each summed in float32, the running sums in float64), then within the block the draw falls
   in, so that no float64 copy of a whole row is made at every decoding step.
+- The LoRA in two operations a layer (`lean_lora`). After A, PEFT's forward calls the dropout module (in
+  eval mode, for nothing), B, a product by the scaling and a sum, each a Python call and the last two a pass
+  over the layer's output: 168 LoRA layers in every decoding step of the 0.5B. On CPU tensors B's product
+  is scaled and summed into the base layer's output in one addmm, in sampling and in the update alike.
+- Room in the KV cache for the positions to come (`cache_with_room`). transformers' DynamicCache
+  concatenates every layer's keys and values with each new position, a copy of the whole cache at every
+  decoding step; sampling writes the position into room left after the cached ones.
 - A group's prompt run once in the update (`shared_prompt_passes`, shared_prompts.py says how): TRL's
   forward and backward ran each row's prompt, 16 runs of the round's 2 prompts; each pass now runs its
   distinct prompts once and only the columns some row attends to. TRL shuffles a round's rows before
@@ -295,6 +302,115 @@ def contiguous_head_input(model) -> Iterator[None]:
         hook.remove()
 
 
+def lean_lora_forward(original: Callable) -> Callable:
+    """PEFT's LoRA Linear forward (`original`) for one plain adapter on CPU tensors in two operations after
+    the base layer's: the input times A, then that times B, scaled and added to the base layer's output in
+    one addmm. PEFT calls the dropout module (a call for nothing in eval mode), B, a product by the scaling
+    and a sum, each a pass over the output or a Python call: 168 LoRA layers a decoding step of the 0.5B.
+    The same terms, the scaled product summed into the output before it is rounded to bf16 where PEFT rounds
+    the product, its scaling and the sum in turn. Other calls (extra arguments, another device, adapters
+    off, merged or mixed, a variant such as DoRA, a bias on B, hooks on A or B) go to `original`."""
+    import torch
+    import torch.nn.functional as F
+
+    def forward(self, x, *args, **kwargs):
+        if args or kwargs or x.device.type != "cpu" or self.disable_adapters or self.merged:
+            return original(self, x, *args, **kwargs)
+        adapters = self.active_adapters
+        name = adapters[0] if len(adapters) == 1 else None
+        if name not in self.lora_A or name in self.lora_variant:
+            return original(self, x, *args, **kwargs)
+        a, b = self.lora_A[name], self.lora_B[name]
+        if (
+            b.bias is not None
+            or a._forward_hooks
+            or a._forward_pre_hooks
+            or b._forward_hooks
+            or b._forward_pre_hooks
+        ):
+            return original(self, x, *args, **kwargs)
+        result = self.base_layer(x)
+        x = self._cast_input_dtype(x, a.weight.dtype)
+        dropout = self.lora_dropout[name]
+        if dropout.training and not isinstance(dropout, torch.nn.Identity):
+            x = dropout(x)
+        down = F.linear(x, a.weight)
+        flat = result.reshape(-1, result.shape[-1])
+        if torch.is_autocast_enabled("cpu") or flat.dtype == down.dtype == b.weight.dtype:
+            summed = torch.addmm(
+                flat, down.reshape(-1, down.shape[-1]), b.weight.t(), alpha=self.scaling[name]
+            )
+            return summed.view(result.shape)
+        return (result + F.linear(down, b.weight) * self.scaling[name]).to(result.dtype)
+
+    return forward
+
+
+@contextmanager
+def lean_lora() -> Iterator[None]:
+    """While open, PEFT's LoRA Linear layers run lean_lora_forward on CPU tensors."""
+    from peft.tuners.lora import layer
+
+    with replaced(layer.Linear, "forward", lean_lora_forward(layer.Linear.forward)):
+        yield
+
+
+def fills_start_of(view, room) -> bool:
+    """Whether `view` is `room` cut short along the sequence (its third of four dimensions)."""
+    return (
+        view.data_ptr() == room.data_ptr()
+        and view.stride() == room.stride()
+        and view.dtype == room.dtype
+        and view.shape[:2] == room.shape[:2]
+        and view.shape[3:] == room.shape[3:]
+    )
+
+
+def cache_update_with_room(original: Callable) -> Callable:
+    """transformers' DynamicLayer.update (`original`: keys and values concatenated with the new positions,
+    a copy of the whole cache at every decoding step, in every layer) writing the new positions into room
+    left after the cached ones, where the cache is a view of such room; the room, twice the length needed,
+    is made when there is none or it is full. Only without autograd on the CPU (sampling): under autograd a
+    later write would change keys that an earlier step saved for its gradient. Other calls go to
+    `original`."""
+    import torch
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if torch.is_grad_enabled() or key_states.device.type != "cpu" or not self.is_initialized:
+            return original(self, key_states, value_states, *args, **kwargs)
+        keys, values = self.keys, self.values
+        if keys.dim() != 4 or keys.numel() == 0:
+            return original(self, key_states, value_states, *args, **kwargs)
+        length = keys.shape[2]
+        end = length + key_states.shape[2]
+        room = getattr(self, "room", None)
+        if (
+            room is None
+            or end > room[0].shape[2]
+            or not (fills_start_of(keys, room[0]) and fills_start_of(values, room[1]))
+        ):
+            room = tuple(
+                torch.cat([kept, kept.new_empty(*kept.shape[:2], end * 2 - length, kept.shape[3])], dim=2)
+                for kept in (keys, values)
+            )
+            self.room = room
+        room[0][:, :, length:end] = key_states
+        room[1][:, :, length:end] = value_states
+        self.keys, self.values = room[0][:, :, :end], room[1][:, :, :end]
+        return self.keys, self.values
+
+    return update
+
+
+@contextmanager
+def cache_with_room() -> Iterator[None]:
+    """While open, transformers' DynamicLayer caches grow by cache_update_with_room."""
+    from transformers.cache_utils import DynamicLayer
+
+    with replaced(DynamicLayer, "update", cache_update_with_room(DynamicLayer.update)):
+        yield
+
+
 def first_above(cumulative, values):
     """Per row, the first column of `cumulative` (non-decreasing rows) above `values` (one per row), or, where
     rounding put a value at or past the row's last entry, the first column that reaches that entry: never a
@@ -491,12 +607,13 @@ def shared_prompt_passes() -> Iterator[None]:
 
 @contextmanager
 def fast_sampling(model) -> Iterator[None]:
-    """`generate` on the CPU (in training and evaluation) with the LM head's input contiguous and one random
-    draw per sampled token. Nothing changes on a GPU."""
+    """`generate` on the CPU (in training and evaluation) with the LM head's input contiguous, one random
+    draw per sampled token, room in the KV cache for the positions to come, and the LoRA in two operations
+    a layer (the update's too, inside fast_kernels, so that both compute alike). Nothing changes on a GPU."""
     if not on_cpu():
         yield
         return
-    with contiguous_head_input(model), inverse_cdf_draws():
+    with contiguous_head_input(model), inverse_cdf_draws(), cache_with_room(), lean_lora():
         yield
 
 

@@ -32,6 +32,9 @@ seconds, are the result; the load average is printed with each):
     trl-head       after with TRL's own folds of the LM head's tiles and its float32 GEMM for the head's
                    gradient (the chunked log-probabilities, on devices without Triton): what
                    cpu_training.lean_lm_head saves the update (not in the default arms)
+    peft-lora      after with PEFT's own LoRA forward and transformers' KV cache, concatenated at every
+                   decoding step: what cpu_training.lean_lora and cache_with_room save, sampling most (not in
+                   the default arms)
     no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
                    masks still cost the update (not in the default arms)
 
@@ -81,7 +84,7 @@ SHAPE = [
     *("--batch-size", str(PROMPTS), "--num-generations", str(GENERATIONS), "--grad-accum-steps", "1"),
     *("--learning-rate", "5e-5"),
 ]
-ARMS = ("before", "after", "unshared", "split-groups", "torch-dropout", "trl-head", "no-dropout")
+ARMS = ("before", "after", "unshared", "split-groups", "torch-dropout", "trl-head", "peft-lora", "no-dropout")
 DEFAULT_ARMS = "before,after"
 # The arms compared, each as (slower, faster): the change an arm leaves out, or what dropout costs.
 PAIRS = (
@@ -90,6 +93,7 @@ PAIRS = (
     ("split-groups", "after"),
     ("torch-dropout", "after"),
     ("trl-head", "after"),
+    ("peft-lora", "after"),
     ("after", "no-dropout"),
 )
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
@@ -165,8 +169,9 @@ def one_forward(lengths: list[int], overhead: int = 0) -> list[list[int]]:
 @contextlib.contextmanager
 def arm(name: str):
     """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`,
-    `split-groups`, `torch-dropout` and `trl-head`: its shared prompts in the update, its passes of a whole
-    group with forwards of like lengths, its dropout masks, or its LM head's folds, alone."""
+    `split-groups`, `torch-dropout`, `trl-head` and `peft-lora`: its shared prompts in the update, its passes
+    of a whole group with forwards of like lengths, its dropout masks, its LM head's folds, or its LoRA
+    forward and KV cache, alone."""
     with contextlib.ExitStack() as stack:
 
         def patch(owner, attribute: str, value) -> None:
@@ -185,6 +190,9 @@ def arm(name: str):
             patch(cpu_training, "dropout_masks_from_bits", contextlib.nullcontext)
         if name == "trl-head":
             patch(cpu_training, "lean_lm_head", contextlib.nullcontext)
+        if name == "peft-lora":
+            patch(cpu_training, "lean_lora", contextlib.nullcontext)
+            patch(cpu_training, "cache_with_room", contextlib.nullcontext)
         yield
 
 

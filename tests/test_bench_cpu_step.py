@@ -56,6 +56,7 @@ def test_tiny_runs_print_each_step_against_its_limits_and_the_table(run_python) 
     assert re.search(r"split-groups / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"torch-dropout / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"trl-head / after: per completion \S+x, sampling \S+x, update \S+x", out)
+    assert re.search(r"peft-lora / after: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"after / no-dropout: per completion \S+x, sampling \S+x, update \S+x", out)
     assert re.search(r"^no-dropout: load average .*; train\.py --lora-dropout 0$", out, re.MULTILINE)
 

@@ -365,3 +365,145 @@ def test_a_group_per_pass_keeps_the_round_and_its_optimizer_step() -> None:
         args.steps_per_generation,
     ) == (8, 2, 2)
     assert args.generation_batch_size == rows
+
+
+def one_lora_layer(dtype: torch.dtype, dropout: float = 0.0):
+    """A PEFT LoRA on one Linear (16 -> 24, r 4) whose B is not zero, as after some training."""
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(16, 24)).to(dtype)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules=["0"]))
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(0, 0.5)
+    return model
+
+
+def output_and_gradients(model, x: torch.Tensor, lean: bool, autocast: bool = False) -> list[torch.Tensor]:
+    """The LoRA layer's output for `x` and the gradients of its input and of A and B, with PEFT's forward or
+    lean_lora's, under bf16 autocast or not; whether lean_lora's addmm ran is checked by the caller."""
+    model.zero_grad()
+    x = x.clone().requires_grad_()
+    with (
+        cpu_training.lean_lora() if lean else contextlib.nullcontext(),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+    ):
+        out = model(x)
+    out.float().square().sum().backward()
+    lora = [w.grad for name, w in model.named_parameters() if "lora_" in name]
+    return [out.detach(), x.grad, *lora]
+
+
+def test_the_lean_lora_forward_computes_peft_s_output_and_gradients() -> None:
+    """In float32, the lean forward's one addmm gives PEFT's output and gradients within float32 rounding;
+    in bf16 under autocast (the update's arithmetic) within a bf16 step of the largest value, the sum
+    rounded once where PEFT rounds the product, its scaling and the sum."""
+    x = torch.randn(3, 5, 16)
+    model = one_lora_layer(torch.float32)
+    with mock.patch.object(torch, "addmm", wraps=torch.addmm) as addmm:
+        lean = output_and_gradients(model, x, lean=True)
+    assert addmm.call_count == 1
+    for got, want in zip(lean, output_and_gradients(model, x, lean=False), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+    model = one_lora_layer(torch.bfloat16)
+    lean = output_and_gradients(model, x.bfloat16(), lean=True, autocast=True)
+    peft = output_and_gradients(model, x.bfloat16(), lean=False, autocast=True)
+    assert lean[0].dtype == peft[0].dtype == torch.bfloat16
+    for got, want in zip(lean, peft, strict=True):  # a bf16 step of the largest value (sums cancel)
+        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=2**-7 * want.float().abs().max())
+
+
+def test_the_lean_lora_forward_leaves_what_it_does_not_take_to_peft() -> None:
+    """Adapters switched off give the base layer's output; a hook on B still runs (PEFT's forward calls B);
+    dropout in training still drops (two forwards differ) and in eval mode is the identity."""
+    x = torch.randn(4, 16)
+    model = one_lora_layer(torch.float32, dropout=0.5)
+    base_layer = model.base_model.model[0].base_layer
+    with cpu_training.lean_lora(), torch.no_grad():
+        with model.disable_adapter():
+            assert torch.equal(model(x), base_layer(x))
+        calls: list[int] = []
+        hook = model.base_model.model[0].lora_B["default"].register_forward_hook(lambda *_: calls.append(1))
+        model(x)
+        hook.remove()
+        assert calls == [1]
+        model.train()
+        assert not torch.equal(model(x), model(x))
+        model.eval()
+        lean = model(x)
+    with torch.no_grad():
+        torch.testing.assert_close(lean, model(x), rtol=1e-5, atol=1e-6)
+
+
+def grown(layer, steps: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The keys and values `layer` returns for each (keys, values) of `steps`, in turn."""
+    return [tuple(t.clone() for t in layer.update(k, v)) for k, v in steps]
+
+
+def test_a_cache_with_room_returns_what_concatenation_returns() -> None:
+    """Without autograd, a DynamicLayer under cache_with_room returns the keys and values concatenation
+    returns, step after step, after a crop and after rows are selected (the evaluation's ended rows let go),
+    with values of another width than the keys; its keys are views of one room between regrowths. Under
+    autograd it concatenates, as transformers does."""
+    from transformers.cache_utils import DynamicLayer
+
+    def steps(rows: int, first: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        lengths = [first] + [1] * (count - 1)
+        return [(torch.randn(rows, 2, length, 4), torch.randn(rows, 2, length, 3)) for length in lengths]
+
+    torch.manual_seed(0)
+    plain, roomy = DynamicLayer(), DynamicLayer()
+    first, then = steps(3, 5, 4), steps(3, 1, 3)
+    with torch.no_grad():
+        want = grown(plain, first)
+        with cpu_training.cache_with_room():
+            got = grown(roomy, first)
+            assert roomy.keys.data_ptr() == roomy.room[0].data_ptr()
+            room = roomy.room[0].data_ptr()
+            grown(roomy, then[:1])
+            assert roomy.room[0].data_ptr() == room  # room for the next positions, no new copy
+            grown(plain, then[:1])
+            plain.crop(-2)
+            roomy.crop(-2)
+            got += grown(roomy, then[1:])
+            want += grown(plain, then[1:])
+            for layer in (plain, roomy):
+                layer.batch_select_indices(torch.tensor([2, 0]))
+            later = steps(2, 1, 2)
+            got += grown(roomy, later)
+        want += grown(plain, later)
+    for (got_keys, got_values), (keys, values) in zip(got, want, strict=True):
+        assert torch.equal(got_keys, keys) and torch.equal(got_values, values)
+
+    with cpu_training.cache_with_room(), mock.patch.object(torch, "cat", wraps=torch.cat) as cat:
+        trained = DynamicLayer()
+        grown(trained, [(torch.randn(1, 2, 3, 4, requires_grad=True), torch.randn(1, 2, 3, 4))] * 2)
+    assert cat.call_count == 4
+    assert getattr(trained, "room", None) is None
+
+
+def test_sampling_with_room_and_the_lean_lora_gives_the_same_tokens(tiny_model: Path) -> None:
+    """fast_sampling's cache with room and lean LoRA forward on a PEFT model of the tiny Qwen2 whose LoRA is
+    not zero: greedy decoding gives the tokens and scores of transformers' and PEFT's own path (float32)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=SEVEN, task_type="CAUSAL_LM")
+    model = get_peft_model(base, config).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(0, 0.05)
+    ids, mask = prompt_batch(tokenizer, load_problems(str(BUNDLED_PROBLEMS))[:3])
+    generation = GenerationConfig(
+        max_new_tokens=12, do_sample=False, output_scores=True, return_dict_in_generate=True
+    )
+    plain = model.generate(input_ids=ids, attention_mask=mask, generation_config=generation)
+    with (
+        cpu_training.fast_sampling(model),
+        mock.patch.object(torch, "addmm", wraps=torch.addmm) as addmm,
+    ):
+        fast = model.generate(input_ids=ids, attention_mask=mask, generation_config=generation)
+    assert addmm.call_count >= 7 * base.config.num_hidden_layers * 12
+    assert torch.equal(fast.sequences, plain.sequences)
+    torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-4, atol=1e-4)
