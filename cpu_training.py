@@ -39,9 +39,6 @@ transformers' own CPU path:
   eval mode, for nothing), B, a product by the scaling and a sum, each a Python call and the last two a pass
   over the layer's output: 168 LoRA layers in every decoding step of the 0.5B. On CPU tensors B's product
   is scaled and summed into the base layer's output in one addmm, in sampling and in the update alike.
-- Room in the KV cache for the positions to come (`cache_with_room`). transformers' DynamicCache
-  concatenates every layer's keys and values with each new position, a copy of the whole cache at every
-  decoding step; sampling writes the position into room left after the cached ones.
 - A group's prompt run once in the update (`shared_prompt_passes`, shared_prompts.py says how): TRL's
   forward and backward ran each row's prompt, 16 runs of the round's 2 prompts; each pass now runs its
   distinct prompts once and only the columns some row attends to. TRL shuffles a round's rows before
@@ -355,62 +352,6 @@ def lean_lora() -> Iterator[None]:
         yield
 
 
-def fills_start_of(view, room) -> bool:
-    """Whether `view` is `room` cut short along the sequence (its third of four dimensions)."""
-    return (
-        view.data_ptr() == room.data_ptr()
-        and view.stride() == room.stride()
-        and view.dtype == room.dtype
-        and view.shape[:2] == room.shape[:2]
-        and view.shape[3:] == room.shape[3:]
-    )
-
-
-def cache_update_with_room(original: Callable) -> Callable:
-    """transformers' DynamicLayer.update (`original`: keys and values concatenated with the new positions,
-    a copy of the whole cache at every decoding step, in every layer) writing the new positions into room
-    left after the cached ones, where the cache is a view of such room; the room, twice the length needed,
-    is made when there is none or it is full. Only without autograd on the CPU (sampling): under autograd a
-    later write would change keys that an earlier step saved for its gradient. Other calls go to
-    `original`."""
-    import torch
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if torch.is_grad_enabled() or key_states.device.type != "cpu" or not self.is_initialized:
-            return original(self, key_states, value_states, *args, **kwargs)
-        keys, values = self.keys, self.values
-        if keys.dim() != 4 or keys.numel() == 0:
-            return original(self, key_states, value_states, *args, **kwargs)
-        length = keys.shape[2]
-        end = length + key_states.shape[2]
-        room = getattr(self, "room", None)
-        if (
-            room is None
-            or end > room[0].shape[2]
-            or not (fills_start_of(keys, room[0]) and fills_start_of(values, room[1]))
-        ):
-            room = tuple(
-                torch.cat([kept, kept.new_empty(*kept.shape[:2], end * 2 - length, kept.shape[3])], dim=2)
-                for kept in (keys, values)
-            )
-            self.room = room
-        room[0][:, :, length:end] = key_states
-        room[1][:, :, length:end] = value_states
-        self.keys, self.values = room[0][:, :, :end], room[1][:, :, :end]
-        return self.keys, self.values
-
-    return update
-
-
-@contextmanager
-def cache_with_room() -> Iterator[None]:
-    """While open, transformers' DynamicLayer caches grow by cache_update_with_room."""
-    from transformers.cache_utils import DynamicLayer
-
-    with replaced(DynamicLayer, "update", cache_update_with_room(DynamicLayer.update)):
-        yield
-
-
 def first_above(cumulative, values):
     """Per row, the first column of `cumulative` (non-decreasing rows) above `values` (one per row), or, where
     rounding put a value at or past the row's last entry, the first column that reaches that entry: never a
@@ -608,12 +549,12 @@ def shared_prompt_passes() -> Iterator[None]:
 @contextmanager
 def fast_sampling(model) -> Iterator[None]:
     """`generate` on the CPU (in training and evaluation) with the LM head's input contiguous, one random
-    draw per sampled token, room in the KV cache for the positions to come, and the LoRA in two operations
-    a layer (the update's too, inside fast_kernels, so that both compute alike). Nothing changes on a GPU."""
+    draw per sampled token, and the LoRA in two operations a layer (the update's too, inside fast_kernels,
+    so that both compute alike). Nothing changes on a GPU."""
     if not on_cpu():
         yield
         return
-    with contiguous_head_input(model), inverse_cdf_draws(), cache_with_room(), lean_lora():
+    with contiguous_head_input(model), inverse_cdf_draws(), lean_lora():
         yield
 
 

@@ -32,9 +32,8 @@ seconds, are the result; the load average is printed with each):
     trl-head       after with TRL's own folds of the LM head's tiles and its float32 GEMM for the head's
                    gradient (the chunked log-probabilities, on devices without Triton): what
                    cpu_training.lean_lm_head saves the update (not in the default arms)
-    peft-lora      after with PEFT's own LoRA forward and transformers' KV cache, concatenated at every
-                   decoding step: what cpu_training.lean_lora and cache_with_room save, sampling most (not in
-                   the default arms)
+    peft-lora      after with PEFT's own LoRA forward: what cpu_training.lean_lora saves sampling and the
+                   update (not in the default arms)
     no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
                    masks still cost the update (not in the default arms)
 
@@ -171,7 +170,7 @@ def arm(name: str):
     """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`,
     `split-groups`, `torch-dropout`, `trl-head` and `peft-lora`: its shared prompts in the update, its passes
     of a whole group with forwards of like lengths, its dropout masks, its LM head's folds, or its LoRA
-    forward and KV cache, alone."""
+    forward, alone."""
     with contextlib.ExitStack() as stack:
 
         def patch(owner, attribute: str, value) -> None:
@@ -192,7 +191,6 @@ def arm(name: str):
             patch(cpu_training, "lean_lm_head", contextlib.nullcontext)
         if name == "peft-lora":
             patch(cpu_training, "lean_lora", contextlib.nullcontext)
-            patch(cpu_training, "cache_with_room", contextlib.nullcontext)
         yield
 
 

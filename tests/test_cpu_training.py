@@ -436,56 +436,10 @@ def test_the_lean_lora_forward_leaves_what_it_does_not_take_to_peft() -> None:
         torch.testing.assert_close(lean, model(x), rtol=1e-5, atol=1e-6)
 
 
-def grown(layer, steps: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The keys and values `layer` returns for each (keys, values) of `steps`, in turn."""
-    return [tuple(t.clone() for t in layer.update(k, v)) for k, v in steps]
-
-
-def test_a_cache_with_room_returns_what_concatenation_returns() -> None:
-    """Without autograd, a DynamicLayer under cache_with_room returns the keys and values concatenation
-    returns, step after step, after a crop and after rows are selected (the evaluation's ended rows let go),
-    with values of another width than the keys; its keys are views of one room between regrowths. Under
-    autograd it concatenates, as transformers does."""
-    from transformers.cache_utils import DynamicLayer
-
-    def steps(rows: int, first: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        lengths = [first] + [1] * (count - 1)
-        return [(torch.randn(rows, 2, length, 4), torch.randn(rows, 2, length, 3)) for length in lengths]
-
-    torch.manual_seed(0)
-    plain, roomy = DynamicLayer(), DynamicLayer()
-    first, then = steps(3, 5, 4), steps(3, 1, 3)
-    with torch.no_grad():
-        want = grown(plain, first)
-        with cpu_training.cache_with_room():
-            got = grown(roomy, first)
-            assert roomy.keys.data_ptr() == roomy.room[0].data_ptr()
-            room = roomy.room[0].data_ptr()
-            grown(roomy, then[:1])
-            assert roomy.room[0].data_ptr() == room  # room for the next positions, no new copy
-            grown(plain, then[:1])
-            plain.crop(-2)
-            roomy.crop(-2)
-            got += grown(roomy, then[1:])
-            want += grown(plain, then[1:])
-            for layer in (plain, roomy):
-                layer.batch_select_indices(torch.tensor([2, 0]))
-            later = steps(2, 1, 2)
-            got += grown(roomy, later)
-        want += grown(plain, later)
-    for (got_keys, got_values), (keys, values) in zip(got, want, strict=True):
-        assert torch.equal(got_keys, keys) and torch.equal(got_values, values)
-
-    with cpu_training.cache_with_room(), mock.patch.object(torch, "cat", wraps=torch.cat) as cat:
-        trained = DynamicLayer()
-        grown(trained, [(torch.randn(1, 2, 3, 4, requires_grad=True), torch.randn(1, 2, 3, 4))] * 2)
-    assert cat.call_count == 4
-    assert getattr(trained, "room", None) is None
-
-
-def test_sampling_with_room_and_the_lean_lora_gives_the_same_tokens(tiny_model: Path) -> None:
-    """fast_sampling's cache with room and lean LoRA forward on a PEFT model of the tiny Qwen2 whose LoRA is
-    not zero: greedy decoding gives the tokens and scores of transformers' and PEFT's own path (float32)."""
+def test_sampling_through_the_lean_lora_gives_the_same_tokens(tiny_model: Path) -> None:
+    """fast_sampling's lean LoRA forward on a PEFT model of the tiny Qwen2 whose LoRA is not zero: greedy
+    decoding gives the tokens and scores of PEFT's own forward (float32), every LoRA layer of every decoding
+    step through one addmm."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=SEVEN, task_type="CAUSAL_LM")
