@@ -1,8 +1,8 @@
 """bench/cpu_step.py --tiny: train.py's real GRPO runs of the tiny model in bf16 on the CPU, before and after
 cpu_training.py's changes, with each change left out alone (the update's shared prompts, its passes of a
-group, the dropout masks, the LM head's folds) and without LoRA dropout, in one process:
-a line per optimizer step with sampling, reward and update seconds, tokens/s and the limits, then the table
-of means and the ratios."""
+group, the dropout masks, the LM head's folds, the LoRA's forward) and without LoRA dropout, in one
+process: a line per optimizer step with sampling, reward and update seconds, tokens/s and the limits, then
+the table of means and the ratios."""
 
 import os
 import re

@@ -1,7 +1,8 @@
 """cpu_training.py's CPU choices on the tiny model: the LM head's contiguous input (a prompt's first forward
 in `generate` hands the head a slice whose rows lie a prompt apart, which torch multiplies by expanding the
 head's weight to one copy per row; under contiguous_head_input the head reads a contiguous copy and the
-logits are the same), one draw per sampled token, and dropout's masks from 16 random bits an element."""
+logits are the same), one draw per sampled token, the LM head's tiles folded as TRL folds them, the LoRA in
+one addmm after A, and dropout's masks from 16 random bits an element."""
 
 import contextlib
 import math
