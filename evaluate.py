@@ -18,7 +18,6 @@ eval_stats.summarize) also serve the trainer's in-training evaluation.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import random
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envflags
+from continuous_batching import generate_continuously
 from cpu_training import fast_sampling, on_cpu
 from envflags import ConfigError
 from eval_stats import (
@@ -52,11 +52,12 @@ from settings import TrainConfig, round_rows
 if TYPE_CHECKING:
     from transformers import GenerationConfig
 
-# Completions per generate call. On the 2-core CPU the tiny model gains up to about this batch and no
+# Completions decoding together. On the 2-core CPU the tiny model gains up to about this batch and no
 # more (bench/eval_batching.py); a 1.5B model's cache for 32 completions of 704 + 512 tokens is about
 # 1 GiB, small on any GPU.
 DEFAULT_BATCH_SIZE = 32
-# Tokens a batch generates between its finished rows leaving it (generate_in_chunks).
+# Tokens a batch generates between its finished rows leaving it and waiting prompts joining it
+# (continuous_batching.py).
 EVAL_CHUNK = 32
 
 
@@ -207,56 +208,6 @@ def sample_continuations(
     )
 
 
-def generate_in_chunks(
-    model, inputs: Mapping, sampling: GenerationConfig, ended: set[int], chunk: int, tokenizer=None
-) -> list[list[int]]:
-    """Each row's new token ids, generated `chunk` tokens at a time: between chunks the rows that have ended
-    (a token of `ended` among theirs) leave the batch and its KV cache, so one runaway completion does not
-    keep every finished row of its batch in each decoding step up to the token limit. Each row is sampled
-    from the same distribution as in one call (the processors act row by row), from other random draws. A
-    stop string that completes on a chunk's last token is not seen by the next chunk; the callers' readers
-    cut the text at its first stop sequence. `tokenizer` matches `sampling`'s stop strings."""
-    import torch
-    from transformers import StoppingCriteriaList, StopStringCriteria
-
-    step = copy.deepcopy(sampling)
-    step.return_dict_in_generate = True
-    stops = StoppingCriteriaList()
-    if (
-        sampling.stop_strings
-    ):  # matched by one criterion for every chunk: building it reads the whole vocabulary
-        stops.append(StopStringCriteria(tokenizer, sampling.stop_strings))
-        step.stop_strings = None
-    ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    rows, new, cache, left = (
-        list(range(len(ids))),
-        [[] for _ in range(len(ids))],
-        None,
-        sampling.max_new_tokens,
-    )
-    while rows and left > 0:
-        step.max_new_tokens = min(chunk, left)
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            past_key_values=cache,
-            generation_config=step,
-            stopping_criteria=stops,
-        )
-        added = out.sequences[:, ids.shape[1] :]
-        for row, tokens in zip(rows, added.tolist(), strict=True):
-            new[row] += tokens
-        left -= added.shape[1]
-        going = [i for i, tokens in enumerate(added.tolist()) if not ended.intersection(tokens)]
-        keep = torch.tensor(going, dtype=torch.long, device=ids.device)
-        cache = out.past_key_values
-        cache.batch_select_indices(keep)
-        ids = out.sequences[keep]
-        mask = torch.cat([mask, mask.new_ones(len(mask), added.shape[1])], dim=1)[keep]
-        rows = [rows[i] for i in going]
-    return new
-
-
 def generate_samples(
     model,
     tokenizer,
@@ -276,8 +227,9 @@ def generate_samples(
 
     `batch_size` prompts go through one left-padded generate call, several problems' samples together; a
     short last batch is not filled up (the compiled sampler, generation.py, pads its calls to a round
-    itself). With `chunk`, a batch is generated that many tokens at a time and the rows that have ended (a
-    token of `ended`) leave it between chunks (generate_in_chunks, where a runaway would hold its batch: every
+    itself). With `chunk`, `batch_size` rows decode together `chunk` tokens a call, and between calls the
+    rows that have ended (a token of `ended`) leave and the prompts still waiting take their places
+    (continuous_batching.py: a runaway would otherwise hold its batch's ended rows to the token limit; every
     evaluation but the trainer's under its compiled sampler, whose shapes are fixed). The same seed gives
     every model the same random stream; the caller's random state, train/eval mode and grad mode are as they
     were afterwards, so the trainer can call this on the model it is training. `progress` gets the number of
@@ -288,32 +240,46 @@ def generate_samples(
     device = model.device
     # transformers matches stop strings through the tokenizer.
     tokenizer_for_stops = {"tokenizer": tokenizer} if sampling.stop_strings else {}
+
+    def encode(indexes: Sequence[int]) -> Mapping:
+        """The left-padded input_ids and attention_mask of the prompts of `wanted` at `indexes`."""
+        return tokenizer(
+            [wanted[i][2] for i in indexes],
+            return_tensors="pt",
+            padding=True,
+            padding_side="left",
+            add_special_tokens=special_tokens,
+        ).to(device)
+
     was_training = model.training
     model.eval()  # no dropout while sampling, LoRA's included
     samples = []
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
             torch.manual_seed(seed)
-            for start in range(0, len(wanted), batch_size):
-                batch = wanted[start : start + batch_size]
-                inputs = tokenizer(
-                    [text for _, _, text in batch],
-                    return_tensors="pt",
-                    padding=True,
-                    padding_side="left",
-                    add_special_tokens=special_tokens,
-                ).to(device)
-                if chunk:
-                    completions = generate_in_chunks(
-                        model, inputs, sampling, ended, chunk, **tokenizer_for_stops
-                    )
-                else:
+
+            if chunk:
+                completions = generate_continuously(
+                    model,
+                    encode,
+                    len(wanted),
+                    sampling,
+                    ended or set(),
+                    slots=batch_size,
+                    chunk=chunk,
+                    progress=progress,
+                    **tokenizer_for_stops,
+                )
+            else:
+                completions = []
+                for start in range(0, len(wanted), batch_size):
+                    inputs = encode(range(start, min(start + batch_size, len(wanted))))
                     output = model.generate(**inputs, generation_config=sampling, **tokenizer_for_stops)
-                    completions = output[:, inputs["input_ids"].shape[1] :].tolist()
-                for (problem_id, sample, _), ids in zip(batch, completions, strict=True):
-                    samples.append({"problem_id": problem_id, "sample": sample, **read(ids)})
-                if progress:
-                    progress(len(samples))
+                    completions += output[:, inputs["input_ids"].shape[1] :].tolist()
+                    if progress:
+                        progress(len(completions))
+            for (problem_id, sample, _), ids in zip(wanted, completions, strict=True):
+                samples.append({"problem_id": problem_id, "sample": sample, **read(ids)})
     finally:
         model.train(was_training)
     return samples
@@ -569,7 +535,8 @@ def run_compare(path_a: Path, path_b: Path) -> None:
 
 
 def sampling_progress(label: str, total: int) -> Callable[[int], None]:
-    """One line per generate call on stderr: completions sampled of the total, the rate, the time left."""
+    """One line on stderr whenever completions are done: completions sampled of the total, the rate, the
+    time left."""
     started = time.monotonic()
 
     def show(done: int) -> None:
@@ -632,8 +599,8 @@ def run_evaluation(args: argparse.Namespace) -> None:
         sampling = f"{example}, temperature {cfg.temperature}, up to {cfg.max_completion_length} new tokens"
     header = (
         f"{len(problems)} problems from {source} x {args.k} samples (seed {args.seed}), {sampling}, "
-        f"MIN_NON_EMPTY_LINES={cfg.min_non_empty_lines} (reward only), {args.batch_size} completions per "
-        "generate call"
+        f"MIN_NON_EMPTY_LINES={cfg.min_non_empty_lines} (reward only), {args.batch_size} completions "
+        "decoding together"
     )
     print(header)
     out_dir = Path(args.out_dir or cfg.output_dir)
@@ -706,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size",
         type=int,
         default=DEFAULT_BATCH_SIZE,
-        help=f"completions per generate call (default {DEFAULT_BATCH_SIZE})",
+        help=f"completions decoding together (default {DEFAULT_BATCH_SIZE})",
     )
     parser.add_argument("--out-dir", type=Path, help="JSONL files and report (default: GRPO_OUTPUT_DIR)")
     parser.add_argument(
