@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import envflags
-from continuous_batching import generate_continuously
 from cpu_training import fast_sampling, on_cpu
 from envflags import ConfigError
 from eval_stats import (
@@ -236,6 +235,8 @@ def generate_samples(
     completions sampled so far after each call.
     """
     import torch
+
+    from continuous_batching import generate_continuously
 
     device = model.device
     # transformers matches stop strings through the tokenizer.
