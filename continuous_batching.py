@@ -44,28 +44,27 @@ class Batch:
             for layer in self.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, unused:], layer.values[:, :, unused:]
 
-    def left_padded(self, width: int, pad_id: int) -> Batch:
-        """This batch widened to `width` columns by left padding: masked columns, zero keys and values."""
+    def pad_left(self, width: int, pad_id: int) -> None:
+        """Widen this batch to `width` columns by left padding: masked columns, zero keys and values."""
         pad = width - self.ids.shape[1]
         if pad == 0:
-            return self
-        ids = torch.cat([self.ids.new_full((len(self.rows), pad), pad_id), self.ids], dim=1)
-        mask = torch.cat([self.mask.new_zeros(len(self.rows), pad), self.mask], dim=1)
+            return
+        self.ids = torch.cat([self.ids.new_full((len(self.rows), pad), pad_id), self.ids], dim=1)
+        self.mask = torch.cat([self.mask.new_zeros(len(self.rows), pad), self.mask], dim=1)
         for layer in self.cache.layers:
             zeros = layer.keys.new_zeros(*layer.keys.shape[:2], pad, layer.keys.shape[3])
             layer.keys, layer.values = torch.cat([zeros, layer.keys], 2), torch.cat([zeros, layer.values], 2)
-        return Batch(self.rows, ids, mask, self.cache)
 
-    def joined(self, other: Batch, pad_id: int) -> Batch:
-        """Both batches' rows in one, `other`'s after this one's."""
+    def join(self, other: Batch, pad_id: int) -> None:
+        """Take `other`'s rows in after this batch's, both left-padded to the wider of the two."""
         width = max(self.ids.shape[1], other.ids.shape[1])
-        a, b = self.left_padded(width, pad_id), other.left_padded(width, pad_id)
-        for mine, theirs in zip(a.cache.layers, b.cache.layers, strict=True):
-            mine.keys, mine.values = (
-                torch.cat([mine.keys, theirs.keys]),
-                torch.cat([mine.values, theirs.values]),
-            )
-        return Batch(a.rows + b.rows, torch.cat([a.ids, b.ids]), torch.cat([a.mask, b.mask]), a.cache)
+        self.pad_left(width, pad_id)
+        other.pad_left(width, pad_id)
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([mine.keys, theirs.keys])
+            mine.values = torch.cat([mine.values, theirs.values])
+        self.rows += other.rows
+        self.ids, self.mask = torch.cat([self.ids, other.ids]), torch.cat([self.mask, other.mask])
 
 
 def joinable(cache: DynamicCache) -> bool:
@@ -136,8 +135,10 @@ def generate_continuously(
             inputs = encode(joining)
             fresh = Batch(joining, inputs["input_ids"], inputs["attention_mask"])
             fresh = decoded(fresh, 1)  # the prompts and a first token, through the model's own generate
-            if fresh.rows:
-                running = fresh if running is None else running.joined(fresh, pad_id)
+            if running is None:
+                running = fresh if fresh.rows else None
+            elif fresh.rows:
+                running.join(fresh, pad_id)
         if running:
             running = decoded(running, min(chunk, max(limit - len(new[row]) for row in running.rows)))
             running = running if running.rows else None

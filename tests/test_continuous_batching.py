@@ -92,8 +92,14 @@ def cache_of(ids: torch.Tensor, mask: torch.Tensor) -> DynamicCache:
     return DynamicCache([(marks.clone(), -marks), (2 * marks, -2 * marks)])
 
 
+def assert_cache_matches_tokens(batch) -> None:
+    expected = cache_of(batch.ids, batch.mask)
+    for layer, want in zip(batch.cache.layers, expected.layers, strict=True):
+        assert torch.equal(layer.keys, want.keys) and torch.equal(layer.values, want.values)
+
+
 def test_batches_join_and_drop_rows_keeping_each_cache_column_with_its_token() -> None:
-    """Batch.joined left-pads the narrower batch (ids, mask and cache), Batch.select drops rows and then the
+    """Batch.join left-pads the narrower batch (ids, mask and cache), Batch.select drops rows and then the
     columns no row attends to: after both, each row's cache still holds at each column the token of that
     column, and padding only where the mask is 0."""
     from continuous_batching import Batch
@@ -104,29 +110,28 @@ def test_batches_join_and_drop_rows_keeping_each_cache_column_with_its_token() -
 
     running = batch([0, 1], [[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]], [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     fresh = batch([2, 3], [[0, 21, 22], [31, 32, 33]], [[0, 1, 1], [1, 1, 1]])
-    joined = running.joined(fresh, pad_id=0)
-    assert joined.rows == [0, 1, 2, 3]
-    assert joined.ids.tolist() == [[0, 0, 5, 6, 7], [8, 9, 10, 11, 12], [0, 0, 0, 21, 22], [0, 0, 31, 32, 33]]
-    assert joined.mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 1, 1, 1]]
-    expected = cache_of(joined.ids, joined.mask)
-    for layer, want in zip(joined.cache.layers, expected.layers, strict=True):
-        assert torch.equal(layer.keys, want.keys) and torch.equal(layer.values, want.values)
-    joined.select([0, 2, 3])  # the widest row leaves: two columns no row attends to go
-    assert joined.rows == [0, 2, 3]
-    assert joined.ids.tolist() == [[5, 6, 7], [0, 21, 22], [31, 32, 33]]
-    assert joined.mask.tolist() == [[1, 1, 1], [0, 1, 1], [1, 1, 1]]
-    expected = cache_of(joined.ids, joined.mask)
-    for layer, want in zip(joined.cache.layers, expected.layers, strict=True):
-        assert torch.equal(layer.keys, want.keys) and torch.equal(layer.values, want.values)
+    running.join(fresh, pad_id=0)
+    assert running.rows == [0, 1, 2, 3]
+    assert running.ids.tolist() == [
+        [0, 0, 5, 6, 7],
+        [8, 9, 10, 11, 12],
+        [0, 0, 0, 21, 22],
+        [0, 0, 31, 32, 33],
+    ]
+    assert running.mask.tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 1, 1, 1]]
+    assert_cache_matches_tokens(running)
+    running.select([0, 2, 3])  # the widest row leaves: two columns no row attends to go
+    assert running.rows == [0, 2, 3]
+    assert running.ids.tolist() == [[5, 6, 7], [0, 21, 22], [31, 32, 33]]
+    assert running.mask.tolist() == [[1, 1, 1], [0, 1, 1], [1, 1, 1]]
+    assert_cache_matches_tokens(running)
     # wider fresh rows pad the running ones instead
     wider = batch([4], [[41, 42, 43, 44, 45, 46]], [[1, 1, 1, 1, 1, 1]])
-    both = joined.joined(wider, pad_id=0)
-    assert both.ids.tolist() == [
+    running.join(wider, pad_id=0)
+    assert running.ids.tolist() == [
         [0, 0, 0, 5, 6, 7],
         [0, 0, 0, 0, 21, 22],
         [0, 0, 0, 31, 32, 33],
         [41, 42, 43, 44, 45, 46],
     ]
-    expected = cache_of(both.ids, both.mask)
-    for layer, want in zip(both.cache.layers, expected.layers, strict=True):
-        assert torch.equal(layer.keys, want.keys) and torch.equal(layer.values, want.values)
+    assert_cache_matches_tokens(running)
