@@ -69,6 +69,7 @@ from transformers import (
 from transformers.generation import utils as generate_loop  # its StopCheck: no public way to pass one
 
 from envflags import ConfigError
+from grouped_lora import grouped_lora
 from models import load_config
 from shared_prompts import shared_prompt_cache
 
@@ -534,10 +535,12 @@ class PlainSampler(Sampler):
     computes under bf16 autocast. train.py installs it on the CPU when the update runs under bf16 autocast
     there (cpu_training.bf16_autocast), so that sampling and the update compute one policy; float32 LoRA
     GEMMs and casts in every decoding step are what it saves. Rows that share a prompt (a group) have it
-    run through the model once (shared_prompt_cache)."""
+    run through the model once (shared_prompt_cache). On the CPU the LoRA layers that read one input run as
+    one product (grouped_lora): 11 products a decoder layer where the lean forward makes 21."""
 
     def __init__(self) -> None:
         self.lora_copies: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self.lora_groups: dict[tuple[torch.nn.Module, ...], torch.Tensor] = {}
 
     def generate(
         self,
@@ -547,7 +550,7 @@ class PlainSampler(Sampler):
         generation_config: GenerationConfig,
         **kwargs,
     ):
-        with lora_in_base_dtype(model, self.lora_copies):
+        with lora_in_base_dtype(model, self.lora_copies), grouped_lora(model, self.lora_groups):
             if kwargs.get("past_key_values") is None:  # a caller's own cache (a later chunk) is kept
                 with sampling_state(model) as policy, torch.no_grad():
                     cache = shared_prompt_cache(policy, input_ids, attention_mask)

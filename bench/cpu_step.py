@@ -32,8 +32,10 @@ seconds, are the result; the load average is printed with each):
     trl-head       after with TRL's own folds of the LM head's tiles and its float32 GEMM for the head's
                    gradient (the chunked log-probabilities, on devices without Triton): what
                    cpu_training.lean_lm_head saves the update (not in the default arms)
-    peft-lora      after with PEFT's own LoRA forward: what cpu_training.lean_lora saves sampling and the
-                   update (not in the default arms)
+    peft-lora      after with PEFT's own LoRA forward: what cpu_training.lean_lora saves the update and
+                   sampling's layers outside grouped_lora's groups (not in the default arms)
+    ungrouped      after with each LoRA layer of a decoding step run alone: what grouped_lora's one product
+                   for the layers of one input saves sampling (not in the default arms)
     no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
                    masks still cost the update (not in the default arms)
 
@@ -71,6 +73,7 @@ sys.path.insert(0, str(ROOT))
 
 import cpu_training  # noqa: E402
 import demo  # noqa: E402
+import generation  # noqa: E402
 import shared_prompts  # noqa: E402
 import train  # noqa: E402
 from bench.train_step import timed  # noqa: E402
@@ -83,7 +86,10 @@ SHAPE = [
     *("--batch-size", str(PROMPTS), "--num-generations", str(GENERATIONS), "--grad-accum-steps", "1"),
     *("--learning-rate", "5e-5"),
 ]
-ARMS = ("before", "after", "unshared", "split-groups", "torch-dropout", "trl-head", "peft-lora", "no-dropout")
+ARMS = (
+    *("before", "after", "unshared", "split-groups", "torch-dropout", "trl-head", "peft-lora", "ungrouped"),
+    "no-dropout",
+)
 DEFAULT_ARMS = "before,after"
 # The arms compared, each as (slower, faster): the change an arm leaves out, or what dropout costs.
 PAIRS = (
@@ -93,6 +99,7 @@ PAIRS = (
     ("torch-dropout", "after"),
     ("trl-head", "after"),
     ("peft-lora", "after"),
+    ("ungrouped", "after"),
     ("after", "no-dropout"),
 )
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
@@ -168,9 +175,9 @@ def one_forward(lengths: list[int], overhead: int = 0) -> list[list[int]]:
 @contextlib.contextmanager
 def arm(name: str):
     """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`,
-    `split-groups`, `torch-dropout`, `trl-head` and `peft-lora`: its shared prompts in the update, its passes
-    of a whole group with forwards of like lengths, its dropout masks, its LM head's folds, or its LoRA
-    forward, alone."""
+    `split-groups`, `torch-dropout`, `trl-head`, `peft-lora` and `ungrouped`: its shared prompts in the
+    update, its passes of a whole group with forwards of like lengths, its dropout masks, its LM head's folds,
+    its LoRA forward, or sampling's groups of LoRA layers, alone."""
     with contextlib.ExitStack() as stack:
 
         def patch(owner, attribute: str, value) -> None:
@@ -191,6 +198,8 @@ def arm(name: str):
             patch(cpu_training, "lean_lm_head", contextlib.nullcontext)
         if name == "peft-lora":
             patch(cpu_training, "lean_lora", contextlib.nullcontext)
+        if name == "ungrouped":
+            patch(generation, "grouped_lora", lambda model, buffers: contextlib.nullcontext())
         yield
 
 
