@@ -24,27 +24,40 @@ import torch.nn.functional as F
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def plain_adapter(layer: torch.nn.Module) -> str | None:
-    """The adapter of a PEFT LoRA Linear layer that a group can run: one active adapter, unmerged, no variant
-    (DoRA), no bias on B, no hooks on the base layer, A or B (a group calls none of them), A and B in the base
-    weight's dtype (PlainSampler's bf16 copies) and all on the CPU; None for every other module."""
-    base = getattr(layer, "base_layer", None)
-    if not isinstance(base, torch.nn.Linear) or not isinstance(
-        getattr(layer, "lora_A", None), torch.nn.ModuleDict
-    ):
-        return None
-    if layer.disable_adapters or layer.merged or len(layer.active_adapters) != 1 or "forward" in vars(layer):
+def lean_adapter(layer: torch.nn.Module) -> str | None:
+    """The adapter of a PEFT LoRA Linear layer whose terms can be multiplied without PEFT's forward (here in a
+    group, in cpu_training.lean_lora_forward alone): adapters on and unmerged, one active adapter, no variant
+    (DoRA), no bias on B and no hooks on A or B (neither path calls them as modules); None otherwise."""
+    if layer.disable_adapters or layer.merged or len(layer.active_adapters) != 1:
         return None
     name = layer.active_adapters[0]
     if name not in layer.lora_A or name in layer.lora_variant:
         return None
     a, b = layer.lora_A[name], layer.lora_B[name]
+    if b.bias is not None or any(m._forward_hooks or m._forward_pre_hooks for m in (a, b)):
+        return None
+    return name
+
+
+def plain_adapter(layer: torch.nn.Module) -> str | None:
+    """The adapter of a PEFT LoRA Linear layer that a group can run: a lean_adapter, no forward of its own
+    and no hooks on the base layer (a group calls neither), A and B in the base weight's dtype (PlainSampler's
+    bf16 copies) and all on the CPU; None for every other module."""
+    base = getattr(layer, "base_layer", None)
+    if (
+        not isinstance(base, torch.nn.Linear)
+        or not isinstance(getattr(layer, "lora_A", None), torch.nn.ModuleDict)
+        or "forward" in vars(layer)
+        or base._forward_hooks
+        or base._forward_pre_hooks
+    ):
+        return None
+    name = lean_adapter(layer)
     weight = base.weight
-    if b.bias is not None or any(m._forward_hooks or m._forward_pre_hooks for m in (base, a, b)):
+    if name is None or weight.device.type != "cpu" or not weight.dtype.is_floating_point:
         return None
-    if weight.device.type != "cpu" or not weight.dtype.is_floating_point:
-        return None
-    return name if a.weight.dtype == b.weight.dtype == weight.dtype else None
+    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
+    return name if a.dtype == b.dtype == weight.dtype else None
 
 
 def shared_input_groups(model: torch.nn.Module) -> list[tuple[torch.nn.Module, ...]]:

@@ -114,3 +114,27 @@ def test_a_model_moved_to_another_dtype_is_grouped_again(tiny_model: Path) -> No
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(scores, want_scores, rtol=1e-9, atol=1e-9)
     assert all(buffer.dtype == torch.float64 for buffer in sampler.lora_groups.values())
+
+
+@pytest.mark.parametrize(
+    ("config", "change", "lean"),
+    [
+        ({}, None, "default"),
+        ({"use_dora": True}, None, None),  # a variant: its own terms
+        ({"lora_bias": True}, None, None),  # a bias on B
+        ({}, lambda layer: layer.merge(), None),
+        ({}, lambda layer: layer.enable_adapters(False), None),
+        ({}, lambda layer: layer.lora_B["default"].register_forward_pre_hook(lambda *_: None), None),
+    ],
+)
+def test_only_a_plain_unmerged_adapter_is_multiplied_without_peft_s_forward(config, change, lean) -> None:
+    """lean_adapter, which both the lean forward and the groups ask: PEFT's own forward for a variant, a bias
+    on B, a merged layer, adapters off or a hook on A or B."""
+    model = get_peft_model(
+        torch.nn.Sequential(torch.nn.Linear(16, 8)), LoraConfig(r=4, target_modules=["0"], **config)
+    )
+    layer = model.base_model.model[0]
+    if change:
+        change(layer)
+    assert grouped_lora.lean_adapter(layer) == lean
+    assert grouped_lora.plain_adapter(layer) == lean
