@@ -310,22 +310,13 @@ def lean_lora_forward(original: Callable) -> Callable:
     import torch
     import torch.nn.functional as F
 
+    from grouped_lora import lean_adapter
+
     def forward(self, x, *args, **kwargs):
-        if args or kwargs or x.device.type != "cpu" or self.disable_adapters or self.merged:
-            return original(self, x, *args, **kwargs)
-        adapters = self.active_adapters
-        name = adapters[0] if len(adapters) == 1 else None
-        if name not in self.lora_A or name in self.lora_variant:
+        name = None if args or kwargs or x.device.type != "cpu" else lean_adapter(self)
+        if name is None:
             return original(self, x, *args, **kwargs)
         a, b = self.lora_A[name], self.lora_B[name]
-        if (
-            b.bias is not None
-            or a._forward_hooks
-            or a._forward_pre_hooks
-            or b._forward_hooks
-            or b._forward_pre_hooks
-        ):
-            return original(self, x, *args, **kwargs)
         result = self.base_layer(x)
         x = self._cast_input_dtype(x, a.weight.dtype)
         dropout = self.lora_dropout[name]
@@ -421,8 +412,10 @@ def dropout_from_bits(x, dropped: int):
 
     n = x.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)  # all 64 bits random
-    kept = bits.view(torch.int16)[:n].view(x.shape) >= dropped - 32768
-    return torch.where(kept, x, 0) * (65536 / (65536 - dropped))
+    drop = bits.view(torch.int16)[:n].view(x.shape) < dropped - 32768
+    # Zeroing the scaled copy in place: the values of torch.where(kept, x, 0) * scale in one pass fewer (a
+    # probe: 35 against 50 ms for one pass's 2,000 x 4,864 input of a down projection)
+    return (x * (65536 / (65536 - dropped))).masked_fill_(drop, 0)
 
 
 @contextmanager
