@@ -462,3 +462,41 @@ def test_sampling_through_the_lean_lora_gives_the_same_tokens(tiny_model: Path) 
     assert addmm.call_count >= 7 * base.config.num_hidden_layers * 12
     assert torch.equal(fast.sequences, plain.sequences)
     torch.testing.assert_close(torch.stack(fast.scores), torch.stack(plain.scores), rtol=1e-4, atol=1e-4)
+
+
+def test_packed_query_heads_give_the_copied_heads_outputs_and_gradients(tiny_model: Path) -> None:
+    """packed_gqa on the tiny Qwen2 (4 query heads on 2 key/value heads), float32, left-padded prompts (a
+    mask, several queries): the logits and the gradients of every weight are transformers' own, each layer's
+    SDPA call on 2 heads of 4 x the queries; without a mask (one length) transformers' own call; the
+    attention function is transformers' again on exit."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    ids, mask = prompt_batch(tokenizer, load_problems(str(BUNDLED_PROBLEMS))[:3])
+    assert not mask.all()
+    layers, width = model.config.num_hidden_layers, ids.shape[1]
+    dim = model.config.hidden_size // model.config.num_attention_heads
+
+    def logits_and_gradients(**inputs):
+        model.zero_grad()
+        logits = model(**inputs).logits
+        logits.pow(2).mean().backward()
+        return [logits.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    def sdpa_shapes(**inputs):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", wraps=sdpa) as spy:
+            out = logits_and_gradients(**inputs)
+        return out, [(tuple(c.args[0].shape), tuple(c.args[1].shape)) for c in spy.call_args_list]
+
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    own = logits_and_gradients(input_ids=ids, attention_mask=mask)
+    with cpu_training.packed_gqa():
+        packed, shapes = sdpa_shapes(input_ids=ids, attention_mask=mask)
+        _, unmasked = sdpa_shapes(input_ids=ids[:1, -8:])
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original
+    assert shapes == [((3, 2, 2 * width, dim), (3, 2, width, dim))] * layers
+    assert unmasked == [((1, 4, 8, dim), (1, 2, 8, dim))] * layers  # enable_gqa, transformers' choice
+    for got, want in zip(packed, own, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
