@@ -36,6 +36,9 @@ seconds, are the result; the load average is printed with each):
                    sampling's layers outside grouped_lora's groups (not in the default arms)
     ungrouped      after with each LoRA layer of a decoding step run alone: what grouped_lora's one product
                    for the layers of one input saves sampling (not in the default arms)
+    repeat-kv      after with transformers' copies of each key/value head for its query heads in the
+                   attention of several queries: what cpu_training.packed_gqa saves the update (not in the
+                   default arms)
     no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
                    masks still cost the update (not in the default arms)
 
@@ -88,7 +91,7 @@ SHAPE = [
 ]
 ARMS = (
     *("before", "after", "unshared", "split-groups", "torch-dropout", "trl-head", "peft-lora", "ungrouped"),
-    "no-dropout",
+    *("repeat-kv", "no-dropout"),
 )
 DEFAULT_ARMS = "before,after"
 # The arms compared, each as (slower, faster): the change an arm leaves out, or what dropout costs.
@@ -100,6 +103,7 @@ PAIRS = (
     ("trl-head", "after"),
     ("peft-lora", "after"),
     ("ungrouped", "after"),
+    ("repeat-kv", "after"),
     ("after", "no-dropout"),
 )
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
@@ -175,9 +179,10 @@ def one_forward(lengths: list[int], overhead: int = 0) -> list[list[int]]:
 @contextlib.contextmanager
 def arm(name: str):
     """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`,
-    `split-groups`, `torch-dropout`, `trl-head`, `peft-lora` and `ungrouped`: its shared prompts in the
-    update, its passes of a whole group with forwards of like lengths, its dropout masks, its LM head's folds,
-    its LoRA forward, or sampling's groups of LoRA layers, alone."""
+    `split-groups`, `torch-dropout`, `trl-head`, `peft-lora`, `ungrouped` and `repeat-kv`: its shared prompts
+    in the update, its passes of a whole group with forwards of like lengths, its dropout masks, its LM
+    head's folds, its LoRA forward, sampling's groups of LoRA layers, or attention's packed query heads,
+    alone."""
     with contextlib.ExitStack() as stack:
 
         def patch(owner, attribute: str, value) -> None:
@@ -200,6 +205,8 @@ def arm(name: str):
             patch(cpu_training, "lean_lora", contextlib.nullcontext)
         if name == "ungrouped":
             patch(generation, "grouped_lora", lambda model, buffers: contextlib.nullcontext())
+        if name == "repeat-kv":
+            patch(cpu_training, "packed_gqa", contextlib.nullcontext)
         yield
 
 
