@@ -58,9 +58,7 @@ from peft import PeftModel
 from torch._dynamo.utils import counters  # dynamo's own tally of compiled graphs; no public equivalent
 from transformers import (
     AutoModelForCausalLM,
-    Cache,
     CompileConfig,
-    DynamicCache,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
@@ -68,7 +66,6 @@ from transformers import (
     PreTrainedModel,
     StaticCache,
 )
-from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.generation import utils as generate_loop  # its StopCheck: no public way to pass one
 
 from envflags import ConfigError
@@ -557,40 +554,9 @@ class PlainSampler(Sampler):
             if kwargs.get("past_key_values") is None:  # a caller's own cache (a later chunk) is kept
                 with sampling_state(model) as policy, torch.no_grad():
                     cache = shared_prompt_cache(policy, input_ids, attention_mask)
-                    if in_place_cache(input_ids, generation_config):
-                        length = input_ids.shape[1] + generation_config.max_new_tokens
-                        cache = cache_with_room(policy.config, cache, length)
                 if cache is not None:
                     kwargs["past_key_values"] = cache
             return plain_generate(model, input_ids, attention_mask, generation_config, **kwargs)
-
-
-def in_place_cache(input_ids: torch.Tensor, generation_config: GenerationConfig) -> bool:
-    """Whether a `generate` call gets cache_with_room's cache: on the CPU, its length known, and where the
-    caller cannot go on from the cache (generate returns only the tokens)."""
-    return (
-        input_ids.device.type == "cpu"
-        and bool(generation_config.max_new_tokens)
-        and not generation_config.return_dict_in_generate
-    )
-
-
-def cache_with_room(config: PretrainedConfig, cache: DynamicCache | None, length: int) -> Cache | None:
-    """A static cache of `length` positions holding what `cache` holds (nothing where it is None), for a
-    `generate` on the CPU: transformers' dynamic cache makes each decoding step a copy of every layer's keys
-    and values one position longer (torch.cat), about 110 MB a step for 16 rows of 550 positions of the 0.5B;
-    a static one writes the step's position in place and attention reads all `length` positions, the
-    unwritten ones masked. `cache` itself where a layer is not a plain full-attention one (a sliding window)
-    """
-    room = StaticCache(config=config, max_cache_len=length)
-    filled = cache.layers if cache is not None else []
-    if not all(type(layer) is StaticLayer for layer in room.layers) or not all(
-        type(layer) is DynamicLayer for layer in filled
-    ):
-        return cache
-    for empty, layer in zip(room.layers, filled, strict=False):  # `filled` is empty without a cache
-        empty.update(layer.keys, layer.values)
-    return room
 
 
 def forced_logprobs(

@@ -39,9 +39,6 @@ seconds, are the result; the load average is printed with each):
     repeat-kv      after with transformers' copies of each key/value head for its query heads in the
                    attention of several queries: what cpu_training.packed_gqa saves the update (not in the
                    default arms)
-    dynamic-cache  after with transformers' dynamic KV cache in sampling (each decoding step a copy of the
-                   cache one position longer): what generation.cache_with_room saves sampling (not in the
-                   default arms)
     no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
                    masks still cost the update (not in the default arms)
 
@@ -94,7 +91,7 @@ SHAPE = [
 ]
 ARMS = (
     *("before", "after", "unshared", "split-groups", "torch-dropout", "trl-head", "peft-lora", "ungrouped"),
-    *("repeat-kv", "dynamic-cache", "no-dropout"),
+    *("repeat-kv", "no-dropout"),
 )
 DEFAULT_ARMS = "before,after"
 # The arms compared, each as (slower, faster): the change an arm leaves out, or what dropout costs.
@@ -107,7 +104,6 @@ PAIRS = (
     ("peft-lora", "after"),
     ("ungrouped", "after"),
     ("repeat-kv", "after"),
-    ("dynamic-cache", "after"),
     ("after", "no-dropout"),
 )
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
@@ -183,10 +179,10 @@ def one_forward(lengths: list[int], overhead: int = 0) -> list[list[int]]:
 @contextlib.contextmanager
 def arm(name: str):
     """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`,
-    `split-groups`, `torch-dropout`, `trl-head`, `peft-lora`, `ungrouped`, `repeat-kv` and `dynamic-cache`:
-    its shared prompts in the update, its passes of a whole group with forwards of like lengths, its dropout
-    masks, its LM head's folds, its LoRA forward, sampling's groups of LoRA layers, attention's packed query
-    heads, or sampling's cache written in place, alone."""
+    `split-groups`, `torch-dropout`, `trl-head`, `peft-lora`, `ungrouped` and `repeat-kv`: its shared prompts
+    in the update, its passes of a whole group with forwards of like lengths, its dropout masks, its LM
+    head's folds, its LoRA forward, sampling's groups of LoRA layers, or attention's packed query heads,
+    alone."""
     with contextlib.ExitStack() as stack:
 
         def patch(owner, attribute: str, value) -> None:
@@ -211,8 +207,6 @@ def arm(name: str):
             patch(generation, "grouped_lora", lambda model, buffers: contextlib.nullcontext())
         if name == "repeat-kv":
             patch(cpu_training, "packed_gqa", contextlib.nullcontext)
-        if name == "dynamic-cache":
-            patch(generation, "cache_with_room", lambda config, cache, length: cache)
         yield
 
 

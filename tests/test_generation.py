@@ -18,12 +18,10 @@ from torch._dynamo.utils import counters
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    DynamicCache,
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
     Qwen2Config,
-    StaticCache,
 )
 
 import generation
@@ -166,33 +164,6 @@ def test_plain_sampling_runs_each_distinct_prompt_once_and_samples_the_same_poli
     assert (shared - alone).abs().max().item() < 1e-5
     assert (shared[0] - shared[1]).abs().max().item() > 1e-3  # rows of one prompt, their own completions
     assert model.training  # put back as it was
-
-
-def test_plain_sampling_on_the_cpu_writes_its_cache_in_place(tiny_model: Path) -> None:
-    """A round's `generate` through PlainSampler gets a static cache as long as its prompts and completion,
-    with rows that share prompts (their cache copied in) and with distinct prompts, and gives the
-    log-probabilities of transformers' dynamic cache (float32, a LoRA with an effect); a caller that gets
-    the cache back (`return_dict_in_generate`, as continuous batching) gets the dynamic one."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=SEVEN, task_type="CAUSAL_LM")
-    model = get_peft_model(model, lora)
-    give_lora_an_effect(model, std=0.05)
-    problems = load_problems(str(BUNDLED_PROBLEMS))[:3]
-    config = GenerationConfig(do_sample=True, temperature=0.9, top_k=0, pad_token_id=tokenizer.pad_token_id)
-    for rows in ([p for p in problems[:2] for _ in range(3)], problems):
-        ids, mask = prompt_batch(tokenizer, rows)
-        completion = torch.randint(5, 2000, (len(rows), 12), generator=torch.Generator().manual_seed(0))
-        with mock.patch.object(generation, "plain_generate", wraps=generation.plain_generate) as spy:
-            in_place = generation.PlainSampler().token_logprobs(model, ids, mask, completion, config)
-        cache = spy.call_args.kwargs["past_key_values"]
-        assert type(cache) is StaticCache and cache.layers[0].get_max_length() == ids.shape[1] + 12
-        with mock.patch.object(generation, "cache_with_room", lambda config, cache, length: cache):
-            dynamic = generation.PlainSampler().token_logprobs(model, ids, mask, completion, config)
-        assert (in_place - dynamic).abs().max().item() < 1e-5
-    config.max_new_tokens, config.return_dict_in_generate = 2, True
-    out = generation.PlainSampler().generate(model, ids, mask, config)
-    assert type(out.past_key_values) is DynamicCache
 
 
 class EndFromStep(LogitsProcessor):
