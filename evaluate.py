@@ -236,6 +236,7 @@ def generate_samples(
     """
     import torch
 
+    import packed_weights
     from continuous_batching import generate_continuously
 
     device = model.device
@@ -256,7 +257,11 @@ def generate_samples(
     model.eval()  # no dropout while sampling, LoRA's included
     samples = []
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        with (
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+            torch.no_grad(),
+            packed_weights.held(),  # the CPU sampler's weight copies made once, not once a call
+        ):
             torch.manual_seed(seed)
 
             if chunk:

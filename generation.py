@@ -71,6 +71,7 @@ from transformers.generation import utils as generate_loop  # its StopCheck: no 
 from envflags import ConfigError
 from grouped_lora import grouped_lora
 from models import load_config
+from packed_weights import packed_linears
 from shared_prompts import shared_prompt_cache
 
 # transformers' compile backend on CUDA is inductor. On the CPU transformers does not compile at all; the
@@ -536,7 +537,8 @@ class PlainSampler(Sampler):
     there (cpu_training.bf16_autocast), so that sampling and the update compute one policy; float32 LoRA
     GEMMs and casts in every decoding step are what it saves. Rows that share a prompt (a group) have it
     run through the model once (shared_prompt_cache). On the CPU the LoRA layers that read one input run as
-    one product (grouped_lora): 11 products a decoder layer where the lean forward makes 21."""
+    one product (grouped_lora): 11 products a decoder layer where the lean forward makes 21; their weights
+    and the LM head are multiplied from copies in oneDNN's layout, made once a call (packed_weights)."""
 
     def __init__(self) -> None:
         self.lora_copies: dict[torch.nn.Parameter, torch.Tensor] = {}
@@ -550,7 +552,11 @@ class PlainSampler(Sampler):
         generation_config: GenerationConfig,
         **kwargs,
     ):
-        with lora_in_base_dtype(model, self.lora_copies), grouped_lora(model, self.lora_groups):
+        with (
+            lora_in_base_dtype(model, self.lora_copies),
+            grouped_lora(model, self.lora_groups),
+            packed_linears(model),
+        ):
             if kwargs.get("past_key_values") is None:  # a caller's own cache (a later chunk) is kept
                 with sampling_state(model) as policy, torch.no_grad():
                     cache = shared_prompt_cache(policy, input_ids, attention_mask)

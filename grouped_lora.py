@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from functools import partial
 
 import torch
-import torch.nn.functional as F
+
+import packed_weights
 
 # Sibling layers that read one input in the decoders of the Llama family (Qwen2 included).
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -152,7 +153,7 @@ class SharedInput:
 
     def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Each layer's output for `x`: base plus scaling x (x A) B, in the order of the layers."""
-        flat = F.linear(x.reshape(-1, x.shape[-1]), self.buffer, self.bias)
+        flat = packed_weights.linear(x.reshape(-1, x.shape[-1]), self.buffer, self.bias)
         parts = flat.split(self.outs + self.ranks, dim=1)
         n = len(self.layers)
         return [

@@ -11,7 +11,8 @@ against its limit, measured in the same run:
   at the bf16 matrix-multiply rate measured on this machine, now (torch.mm at the update's shapes);
 - sampling: each decoding step reads every weight once (the LM head included) for all sequences together,
   so it takes at least the weights' bytes at the rate a 16-row matmul streams weights from memory
-  (measured, now) or its FLOPs at the matmul rate, whichever is longer; plus the prompts' prefill FLOPs;
+  (measured, now, in the faster of two weight layouts) or its FLOPs at the matmul rate, whichever is
+  longer; plus the prompts' prefill FLOPs;
 - the reward: the OCaml toolchain in its sandbox, no matrix work: its time only.
 
 Arms, each a run of train.py in this process (the machine is shared, so ratios between arms, not absolute
@@ -39,6 +40,8 @@ seconds, are the result; the load average is printed with each):
     repeat-kv      after with transformers' copies of each key/value head for its query heads in the
                    attention of several queries: what cpu_training.packed_gqa saves the update (not in the
                    default arms)
+    row-major      after with sampling's weights multiplied in PyTorch's row-major layout: what
+                   packed_weights' copies in oneDNN's layout save sampling (not in the default arms)
     no-dropout     after with --lora-dropout 0 (the default is the seed's 0.05): what LoRA dropout's random
                    masks still cost the update (not in the default arms)
 
@@ -77,6 +80,7 @@ sys.path.insert(0, str(ROOT))
 import cpu_training  # noqa: E402
 import demo  # noqa: E402
 import generation  # noqa: E402
+import packed_weights  # noqa: E402
 import shared_prompts  # noqa: E402
 import train  # noqa: E402
 from bench.train_step import timed  # noqa: E402
@@ -91,7 +95,7 @@ SHAPE = [
 ]
 ARMS = (
     *("before", "after", "unshared", "split-groups", "torch-dropout", "trl-head", "peft-lora", "ungrouped"),
-    *("repeat-kv", "no-dropout"),
+    *("repeat-kv", "row-major", "no-dropout"),
 )
 DEFAULT_ARMS = "before,after"
 # The arms compared, each as (slower, faster): the change an arm leaves out, or what dropout costs.
@@ -104,6 +108,7 @@ PAIRS = (
     ("peft-lora", "after"),
     ("ungrouped", "after"),
     ("repeat-kv", "after"),
+    ("row-major", "after"),
     ("after", "no-dropout"),
 )
 # The real 0.5B's widths, where the machine's rates are measured (for --tiny too: they are the machine's).
@@ -126,16 +131,21 @@ def matmul_rate(rows: int, width: int, out: int, repeats: int = 10) -> float:
 
 def weight_read_rate(rows: int) -> float:
     """Bytes/s at which a `rows`-row bf16 matmul streams a weight from memory: the real 0.5B's LM head (its
-    largest weight, 151,936 x 896, 272 MB, far beyond the caches), a decoding step's kind of work."""
+    largest weight, 151,936 x 896, 272 MB, far beyond the caches), a decoding step's kind of work; the faster
+    of the weight in PyTorch's layout and in oneDNN's (packed_weights, where this CPU multiplies bf16)."""
     weight = torch.randn(QWEN_0_5B_VOCAB, QWEN_0_5B_WIDTH, dtype=torch.bfloat16)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
-    x @ weight.t()
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        x @ weight.t()
-        times.append(time.perf_counter() - start)
-    return weight.numel() * weight.element_size() / statistics.median(times)
+    rates = []
+    with torch.no_grad(), packed_weights.held():
+        for product in (torch.nn.functional.linear, packed_weights.linear):
+            product(x, weight)
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                product(x, weight)
+                times.append(time.perf_counter() - start)
+            rates.append(weight.numel() * weight.element_size() / statistics.median(times))
+    return max(rates)
 
 
 def model_sizes(model_dir: Path) -> dict[str, int]:
@@ -179,10 +189,10 @@ def one_forward(lengths: list[int], overhead: int = 0) -> list[list[int]]:
 @contextlib.contextmanager
 def arm(name: str):
     """`before`: cpu_training's choices switched off (train.py then runs TRL's own CPU path); `unshared`,
-    `split-groups`, `torch-dropout`, `trl-head`, `peft-lora`, `ungrouped` and `repeat-kv`: its shared prompts
-    in the update, its passes of a whole group with forwards of like lengths, its dropout masks, its LM
-    head's folds, its LoRA forward, sampling's groups of LoRA layers, or attention's packed query heads,
-    alone."""
+    `split-groups`, `torch-dropout`, `trl-head`, `peft-lora`, `ungrouped`, `repeat-kv` and `row-major`: its
+    shared prompts in the update, its passes of a whole group with forwards of like lengths, its dropout
+    masks, its LM head's folds, its LoRA forward, sampling's groups of LoRA layers, attention's packed query
+    heads, or sampling's weights in oneDNN's layout, alone."""
     with contextlib.ExitStack() as stack:
 
         def patch(owner, attribute: str, value) -> None:
@@ -207,6 +217,8 @@ def arm(name: str):
             patch(generation, "grouped_lora", lambda model, buffers: contextlib.nullcontext())
         if name == "repeat-kv":
             patch(cpu_training, "packed_gqa", contextlib.nullcontext)
+        if name == "row-major":
+            patch(packed_weights, "supported", lambda: False)
         yield
 
 
