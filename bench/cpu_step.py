@@ -367,13 +367,17 @@ def main() -> int:
         for name in arms:
             torch.set_num_threads(threads)  # train.py chooses from these by the load (cpu_training)
             load = os.getloadavg()[0]
-            torch.set_num_threads(cpu_training.threads_for(threads, load))  # the rates at the run's threads
+            # The rates at the threads the run will take: OMP_NUM_THREADS's, or cpu_training.use_free_cores's.
+            chosen = "OMP_NUM_THREADS" in os.environ
+            run_threads = threads if chosen else cpu_training.threads_for(threads, load)
+            torch.set_num_threads(run_threads)
             rate, read_rate = matmul_rate(*shape), weight_read_rate(PROMPTS * GENERATIONS)
             torch.set_num_threads(threads)
             extra = ["--lora-dropout", "0"] if name == "no-dropout" else []
             print(
-                f"\n{name}: load average {load:.1f}; bf16 matmul {rate / 1e9:.0f} GFLOP/s; weights streamed "
-                f"at {read_rate / 1e9:.1f} GB/s" + (f"; train.py {' '.join(extra)}" if extra else ""),
+                f"\n{name}: load average {load:.1f}; {run_threads} threads: bf16 matmul {rate / 1e9:.0f} "
+                f"GFLOP/s; weights streamed at {read_rate / 1e9:.1f} GB/s"
+                + (f"; train.py {' '.join(extra)}" if extra else ""),
                 flush=True,
             )
             arm_flags = [*flags, *extra]
