@@ -538,7 +538,8 @@ class PlainSampler(Sampler):
     GEMMs and casts in every decoding step are what it saves. Rows that share a prompt (a group) have it
     run through the model once (shared_prompt_cache). On the CPU the LoRA layers that read one input run as
     one product (grouped_lora): 11 products a decoder layer where the lean forward makes 21; their weights
-    and the LM head are multiplied from copies in oneDNN's layout, made once a call (packed_weights)."""
+    and the LM head are multiplied from copies in oneDNN's layout, made once a call or evaluation
+    (packed_weights)."""
 
     def __init__(self) -> None:
         self.lora_copies: dict[torch.nn.Parameter, torch.Tensor] = {}

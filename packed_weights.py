@@ -64,16 +64,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.ops.mkldnn._linear_pointwise(x, copy, bias, "none", [], "")
 
 
-def frozen_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The model's plain Linear layers whose weight is frozen and packable: the base layers of its LoRA and
-    layers it does not train, such as the LM head."""
+def packable_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The model's plain Linear layers with a packable weight and no forward of their own: the base layers of
+    its LoRA, the LM head, every layer of a model without LoRA (which requires gradients it will not get
+    here: a scope is what holds a weight still, not requires_grad)."""
     return [
         m
         for m in model.modules()
-        if type(m) is torch.nn.Linear
-        and not m.weight.requires_grad
-        and packable(m.weight)
-        and "forward" not in vars(m)
+        if type(m) is torch.nn.Linear and packable(m.weight) and "forward" not in vars(m)
     ]
 
 
@@ -83,9 +81,9 @@ def linear_forward(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 @contextmanager
 def packed_linears(model: torch.nn.Module) -> Iterator[None]:
-    """While open, the model's frozen Linear layers (frozen_linears) multiply through `linear`, in a scope
-    (`held`) of their own unless one is open already. Calls with gradients go to F.linear as before."""
-    layers = frozen_linears(model)
+    """While open, the model's Linear layers (packable_linears) multiply through `linear`, in a scope (`held`)
+    of their own unless one is open already. Calls with gradients go to F.linear as before."""
+    layers = packable_linears(model)
     for layer in layers:
         layer.forward = partial(linear_forward, layer)
     try:

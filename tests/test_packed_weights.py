@@ -93,7 +93,8 @@ def test_sampling_from_the_copies_gives_the_same_tokens_and_scores(tiny_model: P
 
 
 def test_an_evaluation_makes_its_copies_once_for_all_its_generate_calls(tiny_model: Path) -> None:
-    model = bf16_lora_model(tiny_model)
+    # A model without LoRA, as evaluate.py loads a base model: its weights require gradients it never gets.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
     PlainSampler().install(model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     head = model.get_output_embeddings()
