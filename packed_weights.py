@@ -2,10 +2,11 @@
 
 A decoding step multiplies a few rows (16 at 2 prompts x 8 completions) by every weight of the model, so its
 matrix products are bound by reading the weights. For a bf16 weight in PyTorch's row-major layout, oneDNN's
-product of 16 rows read it at about 9 GB/s on the 2-core box; from a copy reordered once into oneDNN's
+product of 16 rows read it at 7 to 9 GB/s on the 2-core box; from a copy reordered once into oneDNN's
 blocked layout for the product (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's CPU freezing does)
-the same product read it at 16 to 17 GB/s, with the same bits in every product measured (1 to 2,000 rows,
-with and without a bias; tests/test_packed_weights.py checks a model's logits). A copy costs the weight's
+the same product read it at 12 to 17 GB/s, with the same bits in every product measured (1 to 2,000 rows,
+with and without a bias; tests/test_packed_weights.py checks a model's sampled tokens and scores). A copy
+costs the weight's
 memory again and a reorder, so copies are kept only for a scope in which the weights do not change: one
 `generate` call of the sampler (a training round), one evaluation (`held`). A float32 weight keeps PyTorch's
 path: there the copy's products were not the same bits.
@@ -13,9 +14,9 @@ path: there the copy's products were not the same bits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 copies: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
+@functools.cache
 def supported() -> bool:
     """Whether this CPU's oneDNN multiplies bf16 (AVX-512 BF16 or AMX), which the copies are for."""
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -85,7 +87,7 @@ def packed_linears(model: torch.nn.Module) -> Iterator[None]:
     of their own unless one is open already. Calls with gradients go to F.linear as before."""
     layers = packable_linears(model)
     for layer in layers:
-        layer.forward = partial(linear_forward, layer)
+        layer.forward = functools.partial(linear_forward, layer)
     try:
         with held():
             yield

@@ -47,9 +47,10 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-# The demo is seeded and repeats its rewards to the last digit on one machine; another CPU's float rounding
-# can sample other tokens, which moves a mean of 5 steps by a few hundredths.
-DEMO_TOLERANCE = 0.05
+# The demo is seeded and repeats its rewards to the last digit on one machine; another machine's float
+# rounding can sample other tokens, which moves a mean of 5 steps: by up to 0.066 between two 2-core boxes
+# of this project's kind running the same code (BENCHMARKS.md, the demo's three seeds).
+DEMO_TOLERANCE = 0.08
 
 
 def readme_demo_row() -> tuple[float, float, float]:
