@@ -165,6 +165,10 @@ def use_step_lines(
                 if state.global_step % every == 0 or state.global_step == state.max_steps:
                     console(text)
 
+        def on_prediction_step(self, args, state, control, **kwargs):
+            if on_terminal():  # an evaluation's bar, as the training bar: frames only where they redraw
+                super().on_prediction_step(args, state, control, **kwargs)
+
         def close_bar(self) -> None:
             if self.training_bar is not None:
                 self.training_bar.close()

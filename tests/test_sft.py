@@ -103,7 +103,7 @@ def test_grpo_init_adapter_must_be_an_adapter(tmp_path: Path, capsys) -> None:
 
 
 def test_a_validation_split_chooses_the_epoch_whose_answers_it_predicts_best(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, capfd
 ) -> None:
     out = tmp_path / "run"
     rows = tmp_path / "sft.jsonl"
@@ -115,6 +115,8 @@ def test_a_validation_split_chooses_the_epoch_whose_answers_it_predicts_best(
     flags += ["--report-to", "none"]  # trackio would set TRACKIO_DIR in this process
     assert main([*flags, "--sft-validation", "3", "--sft-learning-rate", "1.0"], environ={}) == 0
 
+    # piped, as here: the validation's lines, not an evaluation bar's carriage-return frames
+    assert "\r" not in "".join(capfd.readouterr())
     log = (out / "sft" / "learning.log").read_text(encoding="utf-8")
     assert "# sft: 3 of 6 problems kept out as the validation split" in log
     validations = [line for line in log.splitlines() if line.startswith("[SFT Validation Epoch")]
