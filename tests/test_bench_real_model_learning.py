@@ -218,7 +218,13 @@ def test_the_sft_arms_share_one_warm_start_which_grpo_settings_do_not_split() ->
     def warm(arm: str, **changes: str) -> dict[str, str]:
         return warm_start_settings({**SHARED, **ARMS[arm].settings, **changes})
 
-    assert warm("recipe") == warm("sft-only") == warm("random-reward")
+    assert (
+        warm("recipe")
+        == warm("sft-only")
+        == warm("random-reward")
+        == warm("recipe-24")
+        == warm("random-reward-24")
+    )
     assert warm("recipe", GRPO_MAX_STEPS="40", GRPO_LEARNING_RATE="1e-5") == warm("recipe")
     assert warm("recipe", LORA_R="16") != warm("recipe")
     assert warm("recipe", GRPO_FEW_SHOT="1") != warm("recipe")  # the SFT rows' prompt
